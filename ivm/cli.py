@@ -1,0 +1,181 @@
+"""The ``ivm`` command: refresh, show, explain and status for a project directory.
+
+Owns argument parsing, output formats and exit codes: 0 on success, 1 when a refresh ran but
+some view failed, 2 on bad input (one line on stderr naming the file, the object and, for
+SQL, the line and column; nothing is written). ``show``, ``explain`` and ``status`` start no
+Spark session: they read the Delta log and Parquet files with delta-rs.
+
+Contract in ``(data, time, diff)`` terms: ``refresh`` advances every view to the newest epoch;
+``show`` prints the view's collection at its epoch, one line per row occurrence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from ivm.config import CONFIG_ENV
+from ivm.errors import IvmError
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, (dt.date, dt.datetime)):
+        return v.isoformat()
+    if isinstance(v, bytes):
+        return v.hex()
+    return str(v)
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    try:
+        return table.sort_by([(c, "ascending") for c in table.column_names])
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return table
+
+
+def _cell(v: Any) -> str:
+    return "NULL" if v is None else str(v)
+
+
+def format_rows(table: pa.Table, fmt: str) -> str:
+    """Render rows as an aligned text table, CSV, or JSON (one array of objects)."""
+    table = _sorted(table)
+    rows = table.to_pylist()
+    cols = table.column_names
+    if fmt == "json":
+        return json.dumps(rows, default=_json_default, indent=1) + "\n"
+    if fmt == "csv":
+        import io
+
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r[c] is None else _json_default(r[c]) if not isinstance(r[c], (int, float, str)) else r[c] for c in cols])
+        return buf.getvalue()
+    cells = [[_cell(r[c]) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    out = [line(cols), line(["-" * w for w in widths])]
+    out.extend(line(row) for row in cells)
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ivm",
+        description="Incremental materialized views over Delta Lake (Spark + Dagster).",
+    )
+    p.add_argument(
+        "--project",
+        default=os.environ.get(CONFIG_ENV, "."),
+        help=f"project directory or ivm.toml (default: ${CONFIG_ENV} or the current directory)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress in detail")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("refresh", help="run one epoch: bring every view up to date")
+    r.add_argument("views", nargs="*", help="only these views (default: all)")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    s = sub.add_parser("show", help="print a view's current rows")
+    s.add_argument("view")
+    s.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    s.add_argument("--limit", type=int, default=None, help="print at most N rows")
+    e = sub.add_parser("explain", help="print a view's incremental plan")
+    e.add_argument("view")
+    st = sub.add_parser("status", help="consumed source versions and each view's epoch")
+    st.add_argument("--json", action="store_true")
+    return p
+
+
+def _refresh(engine: Any, args: argparse.Namespace) -> int:
+    report = engine.refresh(args.views or None)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "epoch": engine.latest_epoch(),
+                    "minted": report.minted.epoch if report.minted else None,
+                    "seconds": round(report.seconds, 3),
+                    "views": {
+                        v.view: {**v.metadata(), "error": v.error} for v in report.views
+                    },
+                },
+                indent=1,
+            )
+        )
+    else:
+        if report.minted is None:
+            print(f"no source changed since epoch {engine.latest_epoch()}")
+        width = max([len(v.view) for v in report.views] + [4])
+        print(f"{'view'.ljust(width)}  epoch  rows changed  seconds  status")
+        for v in report.views:
+            print(
+                f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  {v.seconds:>7.2f}  "
+                f"{v.status}{': ' + v.error if v.error else ''}"
+            )
+        print(f"total {report.seconds:.2f}s")
+    return 0 if report.ok else 1
+
+
+def _status(engine: Any, args: argparse.Namespace) -> int:
+    st = engine.status()
+    if args.json:
+        print(json.dumps(st, indent=1, default=_json_default))
+        return 0
+    print(f"lake: {st['lake']}")
+    print(f"epoch: {st['epoch']}" + (f" (minted {st['minted_at']})" if st["minted_at"] else ""))
+    print("sources:")
+    for name, s in st["sources"].items():
+        consumed = "-" if s["consumed_version"] is None else s["consumed_version"]
+        current = "missing" if s["current_version"] is None else s["current_version"]
+        print(f"  {name}: consumed version {consumed}, current version {current}  ({s['path']})")
+    print("views:")
+    for name, v in st["views"].items():
+        rows = "-" if v["rows"] is None else v["rows"]
+        print(f"  {name}: epoch {v['epoch']}, {rows} rows")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ivm`` command; returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    )
+    from ivm.engine import Engine
+
+    try:
+        progress = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
+        engine = Engine(args.project, progress=progress)
+        if args.command == "refresh":
+            return _refresh(engine, args)
+        if args.command == "show":
+            table = engine.read_view(args.view)
+            if args.limit is not None:
+                table = _sorted(table).slice(0, args.limit)
+            sys.stdout.write(format_rows(table, args.format))
+            return 0
+        if args.command == "explain":
+            sys.stdout.write(engine.explain(args.view))
+            return 0
+        return _status(engine, args)
+    except IvmError as e:
+        print(f"ivm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The project file ``ivm.toml``: where the lake is, where the views are, which sources exist.
+
+A project is plain data, loaded and validated without Spark. Relative paths are taken relative
+to the directory holding ``ivm.toml``; URIs (``s3://...``) pass through unchanged.
+
+Contract in ``(data, time, diff)`` terms: a project only names collections. Sources are the
+input collections (Delta tables whose versions become epochs); views are the derived ones.
+
+Example ``ivm.toml``::
+
+    lake = "lake"
+    views = "views"
+    [sources]
+    orders = "data/orders"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ivm.errors import ConfigError
+
+CONFIG_ENV = "IVM_PROJECT"
+"""Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KNOWN_KEYS = {"lake", "views", "sources", "spark"}
+
+
+def _is_uri(value: str) -> bool:
+    return "://" in value
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    """A loaded ``ivm.toml``.
+
+    Attributes:
+        root: directory of the project file.
+        config_file: the ``ivm.toml`` path.
+        lake: where the system keeps its tables (local path or URI).
+        views_dir: folder of ``*.sql`` files.
+        sources: source name -> Delta table path or URI, in file order.
+        spark_conf: extra Spark settings from the optional ``[spark]`` table.
+    """
+
+    root: Path
+    config_file: Path
+    lake: str
+    views_dir: Path
+    sources: dict[str, str]
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def view_files(self) -> list[Path]:
+        """The project's view files, sorted by name."""
+        return sorted(self.views_dir.glob("*.sql"))
+
+
+def _resolve(root: Path, value: str) -> str:
+    if _is_uri(value):
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (root / path).resolve())
+
+
+def load_project(path: str | os.PathLike[str] | None = None) -> Project:
+    """Load and validate a project.
+
+    Args:
+        path: an ``ivm.toml`` file or the directory holding one; defaults to ``$IVM_PROJECT``.
+
+    Returns:
+        The project, with every path resolved.
+
+    Raises:
+        ConfigError: the file is missing or malformed, or a key or name is invalid.
+    """
+    if path is None:
+        env = os.environ.get(CONFIG_ENV)
+        if not env:
+            raise ConfigError(f"no project given: pass --project DIR or set {CONFIG_ENV}")
+        path = env
+    file = Path(path)
+    if file.is_dir():
+        file = file / "ivm.toml"
+    if not file.is_file():
+        raise ConfigError(f"{file}: project file not found")
+    try:
+        data = tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: malformed TOML: {e}") from e
+    unknown = sorted(set(data) - _KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{file}: unknown key {unknown[0]!r} (expected {', '.join(sorted(_KNOWN_KEYS))})"
+        )
+    root = file.parent.resolve()
+    for key in ("lake", "views"):
+        if not isinstance(data.get(key, ""), str):
+            raise ConfigError(f"{file}: {key!r} must be a string path")
+    lake = _resolve(root, data.get("lake", "lake"))
+    views_dir = Path(_resolve(root, data.get("views", "views")))
+    if not views_dir.is_dir():
+        raise ConfigError(f"{file}: views folder {str(views_dir)!r} does not exist")
+    raw_sources = data.get("sources", {})
+    if not isinstance(raw_sources, dict):
+        raise ConfigError(f"{file}: [sources] must be a table of name = \"path\"")
+    sources: dict[str, str] = {}
+    for name, value in raw_sources.items():
+        if not _NAME.match(name):
+            raise ConfigError(f"{file}: source name {name!r} is not a valid SQL identifier")
+        if not isinstance(value, str):
+            raise ConfigError(f"{file}: source {name!r} must be a path string")
+        sources[name.lower()] = _resolve(root, value)
+    spark_conf = data.get("spark", {})
+    if not isinstance(spark_conf, dict):
+        raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
+    return Project(
+        root=root,
+        config_file=file.resolve(),
+        lake=lake,
+        views_dir=views_dir,
+        sources=sources,
+        spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+    )

@@ -1,0 +1,424 @@
+"""The engine: epochs, and refreshing views from their inputs' changes. No Dagster here.
+
+Owns the refresh protocol of DESIGN sections 2 and 5:
+
+1. *Mint an epoch* (:meth:`Engine.mint_epoch`): when some source has a version newer than the
+   last epoch's, record epoch ``e`` with, per source, the range ``(lower, upper]`` it covers.
+   The record is committed before any view reads it and never changes afterwards.
+2. *Refresh a view* (:meth:`Engine.refresh_view`) to the newest epoch its inputs have reached:
+   compute its updates from the inputs' updates in ``(done, target]`` (or from their snapshot
+   when the view is new), append them to the view's diff log with ``txn(log, target)``, then
+   apply the net change to the readable table with ``txn(table, target)``. Each step checks its
+   transaction first, so a rerun after a crash redoes exactly the missing steps.
+
+Contract in ``(data, time, diff)`` terms: after ``refresh_view(v)`` returns with epoch ``e``,
+the log of ``v`` holds updates whose sum up to ``e`` equals the view's SQL evaluated over the
+sources at the versions of epoch ``e``, and the readable table holds exactly those rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from ivm.config import Project, load_project
+from ivm.errors import InvariantViolation, IvmError, SourceError, ViewNotFoundError
+from ivm.plan.explain import explain
+from ivm.plan.planner import ProjectPlan, ViewPlan, plan_views
+from ivm.sql.parse import parse_view_file
+from resources.lake import (
+    EpochRecord,
+    LakeLayout,
+    SourceTable,
+    append_epoch,
+    now_utc,
+    open_table,
+    read_epochs,
+)
+
+log = logging.getLogger("ivm")
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ViewResult:
+    """What refreshing one view did. ``rows_changed`` counts updates (inserts + deletes)."""
+
+    view: str
+    epoch: int
+    previous_epoch: int
+    rows_changed: int = 0
+    inserted: int = 0
+    deleted: int = 0
+    seconds: float = 0.0
+    status: str = "refreshed"  # refreshed | up-to-date | built | failed | skipped
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    log_files_read: int = 0
+    files_rewritten: int = 0
+    table_rows: int | None = None
+    commit_versions: dict[str, int | None] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        """Flat metadata (for Dagster and JSON output)."""
+        return {
+            "epoch": self.epoch,
+            "previous_epoch": self.previous_epoch,
+            "rows_changed": self.rows_changed,
+            "rows_inserted": self.inserted,
+            "rows_deleted": self.deleted,
+            "seconds": round(self.seconds, 3),
+            "status": self.status,
+            "files_rewritten": self.files_rewritten,
+            **{f"seconds_{k}": round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+@dataclass
+class RefreshReport:
+    """What one ``refresh`` did: the epoch minted (if any) and every view's result."""
+
+    minted: EpochRecord | None
+    views: list[ViewResult]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(v.status not in ("failed", "skipped") for v in self.views)
+
+
+@dataclass(frozen=True)
+class ViewStatus:
+    view: str
+    log_epoch: int
+    table_epoch: int
+    rows: int | None
+
+
+class Engine:
+    """A project's engine. Planning and status need no Spark; refreshing does.
+
+    Args:
+        project: the loaded project (or a path to its ``ivm.toml``).
+        spark: the Spark session to compute with; created on first need if None.
+        progress: called with a one-line message as work proceeds.
+    """
+
+    def __init__(
+        self,
+        project: Project | str,
+        spark: Any | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.project = project if isinstance(project, Project) else load_project(project)
+        self.layout = LakeLayout(self.project.lake)
+        self._spark = spark
+        self.progress: Progress = progress or (lambda msg: log.info(msg))
+
+    # -- planning (no Spark) ------------------------------------------------------------------
+
+    @cached_property
+    def sources(self) -> dict[str, SourceTable]:
+        return {name: SourceTable(name, uri) for name, uri in self.project.sources.items()}
+
+    @cached_property
+    def plan(self) -> ProjectPlan:
+        parsed = [parse_view_file(f) for f in self.project.view_files()]
+        columns = {name: s.column_names() for name, s in self.sources.items()}
+        return plan_views(parsed, columns)
+
+    def view(self, name: str) -> ViewPlan:
+        try:
+            return self.plan.views[name.lower()]
+        except KeyError:
+            known = ", ".join(self.plan.views) or "none"
+            raise ViewNotFoundError(f"unknown view {name!r} (views: {known})") from None
+
+    def explain(self, name: str) -> str:
+        return explain(self.view(name))
+
+    # -- state (no Spark) ---------------------------------------------------------------------
+
+    def app_id(self, uri: str) -> str:
+        return LakeLayout.app_id(uri, self.layout.root)
+
+    def epochs(self) -> list[EpochRecord]:
+        return read_epochs(self.layout)
+
+    def latest_epoch(self) -> int:
+        epochs = self.epochs()
+        return epochs[-1].epoch if epochs else 0
+
+    def table_epoch(self, uri: str) -> int:
+        dt = open_table(uri)
+        if dt is None:
+            return 0
+        return dt.transaction_version(self.app_id(uri)) or 0
+
+    def view_status(self, name: str) -> ViewStatus:
+        table = self.layout.view_table(name)
+        dt = open_table(table)
+        rows = None
+        if dt is not None:
+            actions = pa.table(dt.get_add_actions(flatten=True))
+            rows = int(sum(r or 0 for r in actions.column("num_records").to_pylist()))
+        return ViewStatus(
+            name, self.table_epoch(self.layout.view_log(name)), self.table_epoch(table), rows
+        )
+
+    def read_view(self, name: str) -> pa.Table:
+        """The view's current rows, read with delta-rs (no Spark)."""
+        self.view(name)
+        dt = open_table(self.layout.view_table(name))
+        if dt is None:
+            raise IvmError(
+                f"view {name!r} has not been materialized yet: run `ivm --project "
+                f"{self.project.root} refresh`"
+            )
+        return dt.to_pyarrow_table()
+
+    # -- epochs ---------------------------------------------------------------------------------
+
+    def source_versions(self) -> dict[str, int]:
+        return {name: s.version() for name, s in self.sources.items()}
+
+    def pending_changes(self) -> dict[str, tuple[int | None, int]]:
+        """Sources whose current version is past the last epoch: name -> (recorded, current)."""
+        epochs = self.epochs()
+        last = epochs[-1].ranges if epochs else {}
+        out: dict[str, tuple[int | None, int]] = {}
+        for name, version in self.source_versions().items():
+            recorded = last.get(name, (None, None))[1] if name in last else None
+            if recorded is None or version > recorded:
+                out[name] = (recorded, version)
+            elif version < recorded:
+                raise SourceError(
+                    f"source {name!r} ({self.project.sources[name]}) is at version {version}, "
+                    f"older than version {recorded} already consumed: was it re-created or "
+                    "restored? Rebuild with `ivm refresh --rebuild`"
+                )
+        return out
+
+    def mint_epoch(self) -> EpochRecord | None:
+        """Record a new epoch if any source advanced (or is new); None when nothing changed."""
+        while True:
+            epochs = self.epochs()
+            last = epochs[-1] if epochs else None
+            pending = self.pending_changes()
+            if not pending:
+                return None
+            ranges: dict[str, tuple[int | None, int]] = {}
+            versions = self.source_versions()
+            for name, version in versions.items():
+                prev = last.ranges.get(name) if last else None
+                ranges[name] = (prev[1] if prev else None, version)
+            record = EpochRecord((last.epoch if last else 0) + 1, ranges, now_utc())
+            if append_epoch(self.layout, record):
+                changed = ", ".join(
+                    f"{s} {'new' if lo is None else lo}->{up}" for s, (lo, up) in ranges.items()
+                    if lo != up
+                )
+                self.progress(f"epoch {record.epoch} minted ({changed})")
+                return record
+            # Another refresher minted this epoch first: look again.
+
+    # -- refresh (Spark) ---------------------------------------------------------------------
+
+    @property
+    def spark(self):  # -> SparkSession
+        if self._spark is None:
+            from resources.spark import get_spark
+
+            self._spark = get_spark(self.project.spark_conf)
+        return self._spark
+
+    def refresh(
+        self, views: Iterable[str] | None = None, *, mint: bool = True
+    ) -> RefreshReport:
+        """Mint an epoch if sources changed, then bring views (default: all) up to it.
+
+        One failing view does not stop the others; views that read it are skipped (they wait
+        rather than read partial data) and the report says why.
+        """
+        started = time.perf_counter()
+        minted = self.mint_epoch() if mint else None
+        names = [self.view(v).name for v in views] if views is not None else list(self.plan.order)
+        selected = set(names)
+        results: list[ViewResult] = []
+        broken: dict[str, str] = {}
+        for name in self.plan.order:
+            if name not in selected:
+                continue
+            blocked = [u for u in self.plan.views[name].view_inputs if u in broken]
+            if blocked:
+                r = ViewResult(name, 0, 0, status="skipped")
+                r.error = f"waits for view {blocked[0]!r}, which failed"
+                broken[name] = r.error
+                results.append(r)
+                self.progress(f"{name}: skipped ({r.error})")
+                continue
+            try:
+                results.append(self.refresh_view(name))
+            except IvmError as e:
+                broken[name] = str(e)
+                results.append(ViewResult(name, 0, 0, status="failed", error=str(e)))
+                self.progress(f"{name}: FAILED: {e}")
+        return RefreshReport(minted, results, time.perf_counter() - started)
+
+    def target_epoch(self, view: ViewPlan) -> int:
+        """The newest epoch a view can reach: the latest epoch, bounded by its input views."""
+        target = self.latest_epoch()
+        for upstream in view.view_inputs:
+            target = min(target, self.table_epoch(self.layout.view_table(upstream)))
+        return target
+
+    def refresh_view(self, name: str) -> ViewResult:
+        """Bring one view to :meth:`target_epoch`; idempotent per epoch (see module doc)."""
+        from ops.sink import append_updates, apply_to_table
+
+        plan = self.view(name)
+        started = time.perf_counter()
+        log_uri, table_uri = self.layout.view_log(name), self.layout.view_table(name)
+        log_done, table_done = self.table_epoch(log_uri), self.table_epoch(table_uri)
+        target = self.target_epoch(plan)
+        result = ViewResult(name, target, table_done)
+        if target == 0 or (log_done >= target and table_done >= target):
+            result.epoch = max(table_done, target)
+            result.status = "up-to-date"
+            result.seconds = time.perf_counter() - started
+            self.progress(f"{name}: up to date at epoch {result.epoch}")
+            return result
+        meta = {"ivm.view": name, "ivm.sql_hash": plan.sql_hash}
+        if log_done < target:
+            t0 = time.perf_counter()
+            updates = self._view_updates(plan, log_done, target)
+            commit = append_updates(
+                updates, log_uri, app_id=self.app_id(log_uri), epoch=target, metadata=meta
+            )
+            result.timings["log"] = time.perf_counter() - t0
+            result.commit_versions["log"] = commit.version
+            result.status = "built" if log_done == 0 else "refreshed"
+        t0 = time.perf_counter()
+        net, files = self._net_change(plan, table_done, target)
+        result.log_files_read = files
+        change = apply_to_table(
+            self.spark,
+            net,
+            table_uri,
+            app_id=self.app_id(table_uri),
+            epoch=target,
+            metadata=meta,
+            label=name,
+        )
+        result.timings["table"] = time.perf_counter() - t0
+        result.commit_versions["table"] = change.commit.version
+        result.inserted, result.deleted = change.inserted, change.deleted
+        result.rows_changed = change.inserted + change.deleted
+        result.files_rewritten = change.files_rewritten
+        result.seconds = time.perf_counter() - started
+        self.progress(
+            f"{name}: epoch {table_done} -> {target}: +{change.inserted} -{change.deleted} rows "
+            f"({result.seconds:.2f}s)"
+        )
+        return result
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def _epoch_map(self) -> dict[int, EpochRecord]:
+        return {e.epoch: e for e in self.epochs()}
+
+    def _view_updates(self, plan: ViewPlan, done: int, target: int):
+        """The view's updates in ``(done, target]``, consolidated per (data, time)."""
+        from ops.consolidate import consolidate
+        from ops.ingest import source_changes, source_snapshot, view_changes, view_state
+        from ops.stateless import render
+
+        spark = self.spark
+        epochs = self._epoch_map()
+        inputs = {}
+        for coll in plan.inputs:
+            if coll in self.plan.views:
+                up_log, up_table = self.layout.view_log(coll), self.layout.view_table(coll)
+                log_schema = self._schema(up_log)
+                if done == 0:
+                    inputs[coll] = view_state(
+                        spark,
+                        up_table,
+                        self._schema(up_table),
+                        up_log,
+                        log_schema,
+                        target,
+                        self.table_epoch(up_table),
+                    )
+                else:
+                    inputs[coll], _ = view_changes(spark, up_log, log_schema, done, target)
+                continue
+            source = self.sources[coll]
+            if done == 0:
+                upper = epochs[target].ranges[coll][1]
+                inputs[coll] = source_snapshot(spark, source, upper, target)
+                continue
+            parts = []
+            for e in range(done + 1, target + 1):
+                rng = epochs[e].ranges.get(coll)
+                if rng is None:
+                    raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
+                parts.append(source_changes(spark, source, rng[0], rng[1], e))
+            df = parts[0]
+            for p in parts[1:]:
+                df = df.unionByName(p)
+            inputs[coll] = df
+        return consolidate(render(plan.root, inputs), plan.columns)
+
+    def _net_change(self, plan: ViewPlan, table_done: int, target: int):
+        """The net change ``(columns..., _diff)`` the readable table needs, from the log."""
+        from ops.consolidate import consolidate
+        from ops.ingest import view_changes
+
+        log_uri = self.layout.view_log(plan.name)
+        df, files = view_changes(self.spark, log_uri, self._schema(log_uri), table_done, target)
+        return consolidate(df, plan.columns, by_time=False), files
+
+    def _schema(self, uri: str) -> pa.Schema:
+        dt = open_table(uri)
+        if dt is None:
+            raise InvariantViolation(f"{uri}: expected table is missing")
+        return pa.schema(dt.schema().to_arrow())
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """Consumed source versions, latest epoch, and each view's epoch (no Spark)."""
+        epochs = self.epochs()
+        last = epochs[-1] if epochs else None
+        sources = {}
+        for name, uri in self.project.sources.items():
+            consumed = last.ranges.get(name, (None, None))[1] if last else None
+            try:
+                current: int | None = SourceTable(name, uri).version()
+            except SourceError:
+                current = None
+            sources[name] = {"path": uri, "consumed_version": consumed, "current_version": current}
+        views = {}
+        for name in self.plan.order:
+            st = self.view_status(name)
+            views[name] = {"epoch": st.table_epoch, "log_epoch": st.log_epoch, "rows": st.rows}
+        return {
+            "lake": self.layout.root,
+            "epoch": last.epoch if last else 0,
+            "minted_at": last.minted_at.isoformat() if last else None,
+            "sources": sources,
+            "views": views,
+        }
+
+
+def view_paths(layout: LakeLayout, name: str) -> Mapping[str, str]:
+    """Where a view's tables live (documented in the README)."""
+    return {"table": layout.view_table(name), "log": layout.view_log(name)}

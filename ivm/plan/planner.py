@@ -1,0 +1,136 @@
+"""The planner: a project's view files -> one plan per view, in dependency order.
+
+Owns the decisions that hold across views: which names are sources and which are views, the
+order views refresh in (upstream first), cycles, and each view's maintenance kind. It needs
+only the sources' column names, so planning, ``explain`` and the goldens run without Spark.
+
+Contract in ``(data, time, diff)`` terms: for every view, ``plan.root`` maps the updates of its
+inputs at epoch ``e`` to the updates of the view at ``e``; refreshing views in ``order`` means
+each view reads inputs that already hold epoch ``e``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from graphlib import CycleError, TopologicalSorter
+
+from ivm.errors import ConfigError, SqlError
+from ivm.plan.ir import Get, Node, collections
+from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
+from ivm.sql.parse import ParsedView
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    """The plan of one view.
+
+    Attributes:
+        name: the view's name.
+        file: its ``.sql`` file.
+        sql: the file's text.
+        sql_hash: hash of the normalized query (the asset's code version).
+        root: the plan tree.
+        maintenance: how it is kept up to date; ``"incremental"`` for every view this release
+            accepts (a construct that could not be maintained is rejected by name instead).
+    """
+
+    name: str
+    file: str
+    sql: str
+    sql_hash: str
+    root: Node
+    maintenance: str = "incremental"
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.root.columns
+
+    @property
+    def gets(self) -> list[Get]:
+        return collections(self.root)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Distinct collections read, in first-use order."""
+        return tuple(dict.fromkeys(g.collection for g in self.gets))
+
+    @property
+    def source_inputs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.collection for g in self.gets if g.kind == "source"))
+
+    @property
+    def view_inputs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.collection for g in self.gets if g.kind == "view"))
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectPlan:
+    """Plans of all views, upstream first, and the sources' columns."""
+
+    views: Mapping[str, ViewPlan]
+    sources: Mapping[str, tuple[str, ...]]
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        return tuple(self.views)
+
+    def downstream(self, name: str) -> list[str]:
+        """Views that read ``name`` directly or transitively, in refresh order."""
+        affected = {name}
+        out: list[str] = []
+        for v in self.views.values():
+            if affected & set(v.inputs):
+                affected.add(v.name)
+                out.append(v.name)
+        return out
+
+    def sources_of(self, name: str) -> tuple[str, ...]:
+        """Sources a view depends on, directly or through other views."""
+        seen: dict[str, None] = {}
+        for i in self.views[name].inputs:
+            if i in self.views:
+                seen.update(dict.fromkeys(self.sources_of(i)))
+            else:
+                seen[i] = None
+        return tuple(seen)
+
+
+def plan_views(
+    parsed: Sequence[ParsedView], source_columns: Mapping[str, Sequence[str]]
+) -> ProjectPlan:
+    """Plan every view of a project.
+
+    Args:
+        parsed: the parsed view files.
+        source_columns: source name -> its column names.
+
+    Raises:
+        ConfigError: two views share a name, or a view has a source's name.
+        SqlError: a view's SQL is invalid or unsupported, or views form a cycle.
+    """
+    by_name: dict[str, ParsedView] = {}
+    for p in parsed:
+        if p.name in by_name:
+            raise ConfigError(
+                f"{p.file}: view {p.name!r} is already defined in {by_name[p.name].file}"
+            )
+        if p.name in source_columns:
+            raise ConfigError(f"{p.file}: view {p.name!r} has the name of a source in ivm.toml")
+        by_name[p.name] = p
+    graph = {name: referenced_tables(p) & set(by_name) for name, p in by_name.items()}
+    try:
+        order = list(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        cycle = " -> ".join(e.args[1])
+        raise SqlError(f"views depend on each other in a cycle: {cycle}") from e
+    catalog: dict[str, CatalogEntry] = {
+        name: ("source", tuple(c.lower() for c in cols)) for name, cols in source_columns.items()
+    }
+    plans: dict[str, ViewPlan] = {}
+    for name in order:
+        p = by_name[name]
+        root = lower_view(p, catalog)
+        plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
+        catalog[name] = ("view", root.columns)
+    return ProjectPlan(plans, {k: tuple(c.lower() for c in v) for k, v in source_columns.items()})

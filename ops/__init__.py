@@ -1,0 +1,10 @@
+"""Operators: execute plan nodes on Spark DataFrames of updates ``(columns..., _time, _diff)``.
+
+One module per family, mirroring the planner: :mod:`ops.ingest` (sources and views -> updates),
+:mod:`ops.stateless` (filter, project, union all), :mod:`ops.consolidate`, :mod:`ops.sink`
+(writing updates and readable tables). Operators decide nothing the plan has not decided.
+"""
+
+TIME = "_time"
+DIFF = "_diff"
+RESERVED = (TIME, DIFF)

@@ -1,0 +1,219 @@
+"""The sink: write an epoch's updates to a diff log, and apply them to a readable table.
+
+Follows the persist sink of seed 004: the batch description ``(lower, upper]`` of epochs is
+fixed before anything is written; Spark executors write the files in parallel (nothing is
+collected to the driver but file names and footers); one committer commits them in a single
+Delta transaction carrying ``txn(app_id, epoch)``, checked first, so a rerun is a no-op.
+
+Contracts in ``(data, time, diff)`` terms:
+
+- :func:`append_updates`: the log afterwards holds its previous updates plus ``updates``
+  (consolidated per ``(data, time)``), exactly once per epoch.
+- :func:`apply_to_table`: the readable table holds the multiset ``data -> sum of diffs``:
+  a row of multiplicity ``n`` appears ``n`` times. A change inserts rows by appending files and
+  deletes rows by rewriting only the files that may hold them (min/max statistics prune the
+  rest), in the same transaction. A multiplicity that would go negative is a bug: it raises
+  :class:`~ivm.errors.InvariantViolation` and nothing is committed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from ivm.errors import InvariantViolation
+from ops import DIFF
+from ops.ingest import read_files
+from resources.lake import (
+    CommitResult,
+    collect_staged,
+    commit_files,
+    remove_action,
+    staging_uri,
+    table_file_stats,
+)
+
+PRUNE_COLUMNS = 8
+"""How many leading columns the delete path uses to find files by min/max statistics."""
+
+ROWS_PER_FILE = 1_000_000
+"""Target rows per file for a readable table's first build."""
+
+
+def arrow_schema(df: DataFrame, columns: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow schema a DataFrame's Parquet files will have (``columns`` to subset)."""
+    schema = to_arrow_schema(df.schema)
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    return schema
+
+
+def append_updates(
+    updates: DataFrame,
+    log_uri: str,
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+) -> CommitResult:
+    """Write consolidated updates as new files of the diff log and commit them once.
+
+    The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
+    the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
+    """
+    staged_uri = staging_uri(log_uri, epoch, "updates")
+    updates.write.mode("errorifexists").parquet(staged_uri)
+    staged = collect_staged(log_uri, staged_uri)
+    result = commit_files(
+        log_uri,
+        app_id=app_id,
+        epoch=epoch,
+        schema=arrow_schema(updates),
+        adds=staged.adds,
+        metadata=metadata,
+        description="ivm diff log: the view's updates (columns..., _time, _diff)",
+    )
+    result.rows, result.bytes = staged.rows, staged.bytes
+    return result
+
+
+@dataclass
+class TableChange:
+    """What :func:`apply_to_table` did, beyond the commit."""
+
+    commit: CommitResult
+    inserted: int
+    deleted: int
+    files_rewritten: int
+    rows_rewritten: int
+
+
+def _prune_condition(delta: DataFrame, stats: DataFrame, columns: Sequence[str]):
+    cond = F.lit(True)
+    for c in columns:
+        lo, hi, v = stats[f"min_{c}"], stats[f"max_{c}"], delta[f"`{c}`"]
+        cond = cond & (v.isNull() | ((lo.isNull() | (v >= lo)) & (hi.isNull() | (v <= hi))))
+    return cond
+
+
+def _candidate_files(
+    spark: SparkSession, table_uri: str, deletes: DataFrame, columns: Sequence[str]
+) -> list:
+    """Files of the table that may hold some deleted row, by min/max statistics."""
+    prune = list(columns[:PRUNE_COLUMNS])
+    files = table_file_stats(table_uri, prune)
+    if not files:
+        return []
+    with_stats = [c for c in prune if any(c in f.mins for f in files)]
+    if not with_stats:
+        return [f.file for f in files]
+    rows = []
+    for i, f in enumerate(files):
+        row: dict = {"_file": i}
+        for c in with_stats:
+            row[f"min_{c}"] = f.mins.get(c)
+            row[f"max_{c}"] = f.maxs.get(c)
+        rows.append(row)
+    delta_types = {f.name: f.dataType for f in deletes.schema.fields}
+    stats_df = spark.createDataFrame(pa.Table.from_pylist(rows))
+    for c in with_stats:
+        for side in ("min", "max"):
+            stats_df = stats_df.withColumn(
+                f"{side}_{c}", F.col(f"{side}_{c}").cast(delta_types[c])
+            )
+    hits = (
+        deletes.join(F.broadcast(stats_df), _prune_condition(deletes, stats_df, with_stats))
+        .select("_file")
+        .distinct()
+        .collect()
+    )
+    return [files[r["_file"]].file for r in hits]
+
+
+def apply_to_table(
+    spark: SparkSession,
+    net: DataFrame,
+    table_uri: str,
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+    label: str,
+) -> TableChange:
+    """Apply a net change ``(columns..., _diff)`` (consolidated, no zeros) to a readable table.
+
+    Args:
+        net: the change, one row per distinct data with its net diff.
+        table_uri: the readable table (created if missing).
+        label: the view's name, for messages.
+
+    Raises:
+        InvariantViolation: a row would be deleted more times than the table holds it.
+    """
+    columns = [c for c in net.columns if c != DIFF]
+    schema = arrow_schema(net, columns)
+    net = net.persist()
+    try:
+        deletes = net.where(F.col(DIFF) < 0)
+        candidates = _candidate_files(spark, table_uri, deletes, columns)
+        cols = [F.col(f"`{c}`") for c in columns]
+        if candidates:
+            existing = read_files(spark, candidates, schema)
+            counts = existing.groupBy(*cols).agg(F.count(F.lit(1)).alias(DIFF))
+            merged = counts.unionByName(net).groupBy(*cols).agg(F.sum(DIFF).alias(DIFF))
+        else:
+            merged = net
+        merged = merged.persist()
+        agg = merged.agg(
+            F.min(DIFF).alias("lowest"),
+            F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("rows"),
+        ).collect()[0]
+        if agg["lowest"] is not None and agg["lowest"] < 0:
+            bad = merged.where(F.col(DIFF) < 0).limit(1).collect()[0].asDict()
+            raise InvariantViolation(
+                f"view {label!r} epoch {epoch}: deleting a row the table does not hold "
+                f"(multiplicity would be {bad.pop(DIFF)}): {bad}"
+            )
+        total_rows = int(agg["rows"] or 0)
+        rows_out = merged.where(F.col(DIFF) > 0).select(
+            *cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n")
+        ).select(*cols)
+        n_files = max(1, math.ceil(total_rows / ROWS_PER_FILE))
+        if columns:
+            rows_out = rows_out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
+        staged_uri = staging_uri(table_uri, epoch, "rows")
+        rows_out.write.mode("errorifexists").parquet(staged_uri)
+        staged = collect_staged(table_uri, staged_uri)
+        deleted = -int(net.where(F.col(DIFF) < 0).agg(F.sum(DIFF)).collect()[0][0] or 0)
+        existing_rows = sum(f.num_records or 0 for f in candidates)
+        if staged.rows != total_rows:
+            raise InvariantViolation(
+                f"view {label!r} epoch {epoch}: wrote {staged.rows} rows, expected {total_rows}"
+            )
+        commit = commit_files(
+            table_uri,
+            app_id=app_id,
+            epoch=epoch,
+            schema=schema,
+            adds=staged.adds,
+            removes=[remove_action(table_uri, f) for f in candidates],
+            metadata=metadata,
+            description=f"ivm view {label}: its current rows",
+        )
+        commit.rows, commit.bytes = staged.rows, staged.bytes
+        merged.unpersist()
+        return TableChange(
+            commit=commit,
+            inserted=total_rows - (existing_rows - deleted),
+            deleted=deleted,
+            files_rewritten=len(candidates),
+            rows_rewritten=existing_rows,
+        )
+    finally:
+        net.unpersist()

@@ -1,0 +1,639 @@
+"""The Delta lake facade: table layout, reading source snapshots and change feeds, committing.
+
+Owns every call to delta-rs (the ``deltalake`` package). Spark never touches the Delta log: it
+reads the Parquet files that :class:`SourceTable` lists and writes Parquet files that
+:func:`commit_files` then commits. Tables stay standard Delta, readable by delta-spark,
+DuckDB, Polars and Trino.
+
+Layout under the lake root (documented in the README):
+
+- ``_ivm/epochs``: the epoch record, one row per (epoch, source) with its version range.
+- ``views/<view>``: the readable table, exactly the view's current rows (a multiset).
+- ``logs/<view>``: the view's diff log, its updates ``(columns..., _time, _diff)``.
+
+Contract in ``(data, time, diff)`` terms:
+
+- :meth:`SourceTable.changes` gives a source's Change Data Feed for versions ``(lower, upper]``
+  with ``insert``/``update_postimage`` as ``+1`` and ``delete``/``update_preimage`` as ``-1``.
+- :func:`commit_files` is *idempotent per epoch*: every commit carries the app transaction
+  ``(app_id, epoch)`` and is skipped when the table already records ``epoch`` (delta-rs records
+  app transactions but does not reject repeats, so the check is ours, made under a lock).
+  Files written but never committed are invisible to readers and removed by vacuum.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    RemoveAction,
+    Transaction,
+    create_table_with_add_actions,
+)
+
+from ivm.errors import (
+    ChangeFeedError,
+    CommitConflictError,
+    LakeError,
+    SourceError,
+    SourceNotFoundError,
+)
+
+STATS_STRING_PREFIX = 32
+"""String min/max stats keep at most this many characters (as Delta writers do)."""
+
+# -- layout ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LakeLayout:
+    """Where the system keeps its tables under the lake root."""
+
+    root: str
+
+    @property
+    def epochs(self) -> str:
+        return f"{self.root}/_ivm/epochs"
+
+    def view_table(self, view: str) -> str:
+        return f"{self.root}/views/{view}"
+
+    def view_log(self, view: str) -> str:
+        return f"{self.root}/logs/{view}"
+
+    @staticmethod
+    def app_id(table_uri: str, root: str) -> str:
+        """The app id a table's commits carry: its path relative to the lake root."""
+        return os.path.relpath(table_uri, root) if "://" not in root else table_uri[len(root) :]
+
+
+def is_table(uri: str) -> bool:
+    return DeltaTable.is_deltatable(uri)
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri`` (optionally at ``version``), or None if there is none."""
+    try:
+        if not DeltaTable.is_deltatable(uri):
+            return None
+        return DeltaTable(uri, version=version)
+    except TableNotFoundError:
+        return None
+
+
+def transaction_version(uri: str, app_id: str) -> int | None:
+    """The last epoch committed to the table by ``app_id``, or None (no table, no commit)."""
+    dt = open_table(uri)
+    return None if dt is None else dt.transaction_version(app_id)
+
+
+# -- arrow normalization (delta-rs -> Spark) --------------------------------------------------
+
+_UNSIGNED = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(), pa.uint32(): pa.int64()}
+
+
+def spark_compatible_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type Spark's Arrow conversion accepts for ``t`` (views -> plain, unsigned -> signed)."""
+    if t in (pa.string_view(), pa.large_string()):
+        return pa.string()
+    if t in (pa.binary_view(), pa.large_binary()):
+        return pa.binary()
+    if t in _UNSIGNED:
+        return _UNSIGNED[t]
+    if t == pa.uint64():
+        return pa.int64()
+    if pa.types.is_timestamp(t) and t.unit != "us":
+        return pa.timestamp("us", tz=t.tz)
+    return t
+
+
+def spark_compatible(table: pa.Table) -> pa.Table:
+    """Cast a delta-rs Arrow table to types Spark accepts."""
+    target = pa.schema(
+        [pa.field(f.name, spark_compatible_type(f.type), f.nullable) for f in table.schema]
+    )
+    return table if target == table.schema else table.cast(target)
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A Parquet file of a Delta table: absolute URI, partition values, row count."""
+
+    uri: str
+    partition_values: Mapping[str, str | None]
+    num_records: int | None
+
+
+class SourceTable:
+    """A configured source: a Delta table the user owns, read but never written.
+
+    Raises on construction:
+        SourceNotFoundError: no Delta table at the path.
+    """
+
+    def __init__(self, name: str, uri: str) -> None:
+        self.name = name
+        self.uri = uri
+        try:
+            exists = DeltaTable.is_deltatable(uri)
+        except (DeltaError, OSError) as e:
+            raise SourceNotFoundError(f"source {name!r}: cannot open {uri}: {e}") from e
+        if not exists:
+            raise SourceNotFoundError(
+                f"source {name!r}: no Delta table at {uri} (check [sources] in ivm.toml)"
+            )
+
+    def table(self, version: int | None = None) -> DeltaTable:
+        try:
+            return DeltaTable(self.uri, version=version)
+        except DeltaError as e:
+            raise ChangeFeedError(
+                f"source {self.name!r} ({self.uri}): cannot load version {version}: {e}"
+            ) from e
+
+    def version(self) -> int:
+        return self.table().version()
+
+    def arrow_schema(self, version: int | None = None) -> pa.Schema:
+        schema = pa.schema(self.table(version).schema().to_arrow())
+        return pa.schema([pa.field(f.name, spark_compatible_type(f.type)) for f in schema])
+
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.arrow_schema())
+
+    def _check_readable(self, dt: DeltaTable) -> None:
+        mode = dt.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode not in (None, "none"):
+            raise SourceError(
+                f"source {self.name!r}: column mapping mode {mode!r} is not supported yet"
+            )
+        features = dt.protocol().reader_features or []
+        if "deletionVectors" in features:
+            dvs = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
+            if dvs.num_rows:
+                raise SourceError(
+                    f"source {self.name!r}: {dvs.num_rows} files carry deletion vectors, which "
+                    "this release cannot read yet; run OPTIMIZE / REORG ... APPLY (PURGE) first"
+                )
+
+    def cdf_enabled(self, version: int | None = None) -> bool:
+        conf = self.table(version).metadata().configuration
+        return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+    def files(self, version: int) -> list[DataFile]:
+        """The data files of the snapshot at ``version``."""
+        dt = self.table(version)
+        self._check_readable(dt)
+        return _data_files(dt)
+
+    def partition_columns(self, version: int | None = None) -> list[str]:
+        return list(self.table(version).metadata().partition_columns)
+
+    def changes(self, lower: int, upper: int) -> pa.Table:
+        """The Change Data Feed for versions ``(lower, upper]`` with a ``_diff`` column.
+
+        Returns:
+            The table's columns plus ``_diff`` (+1/-1) and ``_commit_version``.
+
+        Raises:
+            ChangeFeedError: CDF is off for part of the range, or the range is no longer readable.
+        """
+        if not self.cdf_enabled(upper):
+            raise ChangeFeedError(
+                f"source {self.name!r} ({self.uri}): versions {lower + 1}..{upper} are not "
+                "append-only and the Change Data Feed is off; enable it with "
+                "ALTER TABLE ... SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
+            )
+        dt = self.table(upper)
+        try:
+            reader = dt.load_cdf(starting_version=lower + 1, ending_version=upper)
+            raw = pa.RecordBatchReader.from_stream(reader).read_all()
+        except (DeltaError, OSError) as e:
+            raise ChangeFeedError(
+                f"source {self.name!r} ({self.uri}): the change data of versions "
+                f"{lower + 1}..{upper} is no longer readable ({_first_line(e)}); rebuild the "
+                "views that read it from its current state with `ivm refresh --rebuild`"
+            ) from e
+        raw = spark_compatible(raw)
+        kinds = raw.column("_change_type")
+        import pyarrow.compute as pc
+
+        plus = pc.or_(pc.equal(kinds, "insert"), pc.equal(kinds, "update_postimage"))
+        diff = pc.if_else(plus, pa.scalar(1, pa.int64()), pa.scalar(-1, pa.int64()))
+        keep = [c for c in raw.column_names if not c.startswith("_")]
+        out = raw.select(keep).append_column("_diff", diff)
+        return out.append_column("_commit_version", raw.column("_commit_version").cast(pa.int64()))
+
+    def appended_files(self, lower: int, upper: int) -> list[DataFile]:
+        """Files added in ``(lower, upper]`` when that range holds appends alone (no CDF needed).
+
+        Raises:
+            ChangeFeedError: some commit in the range removed data and CDF is off.
+        """
+        before = {f.uri for f in self.files(lower)}
+        after = self.files(upper)
+        after_uris = {f.uri for f in after}
+        if not before <= after_uris:
+            if self.cdf_enabled(upper):
+                raise ChangeFeedError("not append-only")  # caller falls back to the CDF
+            raise ChangeFeedError(
+                f"source {self.name!r} ({self.uri}): versions {lower + 1}..{upper} delete or "
+                "rewrite data and the table has no Change Data Feed; enable it with ALTER TABLE "
+                "... SET TBLPROPERTIES (delta.enableChangeDataFeed = true), then rebuild with "
+                "`ivm refresh --rebuild`"
+            )
+        return [f for f in after if f.uri not in before]
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def _data_files(dt: DeltaTable) -> list[DataFile]:
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    parts = [c for c in actions.column_names if c.startswith("partition.")]
+    root = local_path(dt.table_uri.rstrip("/"))
+    out = []
+    for row in actions.to_pylist():
+        pv = {c[len("partition.") :]: row[c] for c in parts}
+        out.append(
+            DataFile(
+                _join_uri(root, row["path"]),
+                {k: (None if v is None else str(v)) for k, v in pv.items()},
+                row.get("num_records"),
+            )
+        )
+    return out
+
+
+def _join_uri(root: str, path: str) -> str:
+    if "://" in path or path.startswith("/"):
+        return path
+    from urllib.parse import unquote
+
+    return f"{root}/{unquote(path)}"
+
+
+def local_path(uri: str) -> str:
+    """A local filesystem path for a ``file://`` URI or plain path."""
+    return uri[len("file://") :] if uri.startswith("file://") else uri
+
+
+# -- epochs ------------------------------------------------------------------------------------
+
+EPOCH_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("lower", pa.int64()),  # NULL: the epoch starts from the empty collection
+        pa.field("upper", pa.int64(), nullable=False),
+        pa.field("minted_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRecord:
+    """One epoch: for every source the Delta version range ``(lower, upper]`` it covers.
+
+    ``lower`` is None when the source enters at this epoch (its snapshot at ``upper``).
+    """
+
+    epoch: int
+    ranges: Mapping[str, tuple[int | None, int]]
+    minted_at: datetime
+
+
+def read_epochs(layout: LakeLayout) -> list[EpochRecord]:
+    """All committed epochs, oldest first (empty if none was ever minted)."""
+    dt = open_table(layout.epochs)
+    if dt is None:
+        return []
+    rows = dt.to_pyarrow_table().to_pylist()
+    by_epoch: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        e = by_epoch.setdefault(r["epoch"], {"ranges": {}, "minted_at": r["minted_at"]})
+        e["ranges"][r["source"]] = (r["lower"], r["upper"])
+    return [
+        EpochRecord(epoch, v["ranges"], v["minted_at"]) for epoch, v in sorted(by_epoch.items())
+    ]
+
+
+def append_epoch(layout: LakeLayout, record: EpochRecord) -> bool:
+    """Commit an epoch record once (app transaction ``_ivm/epochs`` = epoch).
+
+    Returns:
+        True if this call committed it, False if the epoch was already recorded.
+    """
+    app_id = "_ivm/epochs"
+    rows = [
+        {"epoch": record.epoch, "source": s, "lower": lo, "upper": up, "minted_at": record.minted_at}
+        for s, (lo, up) in sorted(record.ranges.items())
+    ]
+    data = pa.Table.from_pylist(rows, schema=EPOCH_SCHEMA)
+    with table_lock(layout.epochs):
+        if (transaction_version(layout.epochs, app_id) or 0) >= record.epoch:
+            return False
+        write_deltalake(
+            layout.epochs,
+            data,
+            mode="append",
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id, record.epoch)],
+                custom_metadata={"ivm.epoch": str(record.epoch)},
+            ),
+        )
+    return True
+
+
+# -- writing: staging, stats, commits ------------------------------------------------------------
+
+
+def staging_uri(table_uri: str, epoch: int, label: str) -> str:
+    """A fresh folder under the table for Spark to write one commit's files into.
+
+    Not hidden (no leading ``_`` or ``.``), so vacuum removes it if the commit never happens.
+    """
+    return f"{table_uri}/{label}-e{epoch:08d}-{uuid.uuid4().hex[:12]}"
+
+
+def _fs(uri: str) -> tuple[pafs.FileSystem, str]:
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _stat_value(v: Any, lower: bool) -> Any:
+    """A Parquet statistic as a Delta stats JSON value, or None to omit it."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return None if math.isnan(v) else v
+    if isinstance(v, Decimal):  # JSON floats: widen outward so pruning stays safe
+        f = float(v)
+        return math.nextafter(f, -math.inf) if lower else math.nextafter(f, math.inf)
+    if isinstance(v, datetime):
+        return None  # millisecond-rounding rules differ between readers; not worth the risk
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, str):
+        if len(v) <= STATS_STRING_PREFIX:
+            return v
+        return v[:STATS_STRING_PREFIX] if lower else None
+    return None
+
+
+def file_stats(fs: pafs.FileSystem, path: str) -> tuple[int, str, pa.Schema]:
+    """``(num_rows, Delta stats JSON, arrow schema)`` from a Parquet file's footer alone."""
+    with fs.open_input_file(path) as f:
+        md = pq.ParquetFile(f).metadata
+        schema = md.schema.to_arrow_schema()
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for i in range(md.num_columns):
+        col = md.schema.column(i)
+        if "." in col.path:  # nested leaf: no stats
+            continue
+        lo = hi = None
+        ok = md.num_row_groups > 0
+        n_null = 0
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(i).statistics
+            if st is None:
+                ok = False
+                break
+            n_null += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not ok:
+            continue
+        nulls[col.path] = n_null
+        lo_v, hi_v = _stat_value(lo, True), _stat_value(hi, False)
+        if lo_v is not None and hi_v is not None:
+            mins[col.path] = lo_v
+            maxs[col.path] = hi_v
+    stats = {"numRecords": md.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return md.num_rows, json.dumps(stats, separators=(",", ":")), schema
+
+
+@dataclass
+class StagedFiles:
+    """Parquet files Spark wrote into a staging folder, ready to commit."""
+
+    adds: list[AddAction]
+    rows: int
+    bytes: int
+    schema: pa.Schema | None
+
+
+def collect_staged(table_uri: str, staged_uri: str) -> StagedFiles:
+    """List the Parquet files under ``staged_uri`` and build their AddActions with stats.
+
+    Empty files are deleted rather than committed; Hadoop's ``.crc`` side files are removed.
+    """
+    fs, base = _fs(staged_uri)
+    _, table_base = _fs(table_uri)
+    infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    adds: list[AddAction] = []
+    rows = size = 0
+    schema: pa.Schema | None = None
+    now = int(time.time() * 1000)
+    for info in sorted(infos, key=lambda i: i.path):
+        name = info.base_name
+        if name.endswith(".crc") or name.startswith("_"):
+            fs.delete_file(info.path)
+            continue
+        if not name.endswith(".parquet"):
+            continue
+        n, stats, file_schema = file_stats(fs, info.path)
+        if n == 0:
+            fs.delete_file(info.path)
+            continue
+        schema = schema or file_schema
+        rel = os.path.relpath(info.path, table_base)
+        adds.append(AddAction(rel, info.size, {}, now, True, stats))
+        rows += n
+        size += info.size
+    return StagedFiles(adds, rows, size, schema)
+
+
+@dataclass
+class CommitResult:
+    """What one idempotent commit did (reported as Dagster metadata by the callers)."""
+
+    table: str
+    epoch: int
+    committed: bool
+    version: int | None
+    files_added: int = 0
+    files_removed: int = 0
+    rows: int = 0
+    bytes: int = 0
+    retries: int = 0
+    seconds: float = 0.0
+
+
+@contextmanager
+def table_lock(table_uri: str) -> Iterator[None]:
+    """An exclusive inter-process lock for check-then-commit on one local table.
+
+    Object stores get no lock here; there the app-transaction check plus delta-rs's
+    conflict detection is what stands between two writers.
+    """
+    if "://" in table_uri and not table_uri.startswith("file://"):
+        yield
+        return
+    path = local_path(table_uri).rstrip("/")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    lock_file = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+    with open(lock_file, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def commit_files(
+    table_uri: str,
+    *,
+    app_id: str,
+    epoch: int,
+    schema: pa.Schema,
+    adds: Sequence[AddAction] = (),
+    removes: Sequence[RemoveAction] = (),
+    metadata: Mapping[str, str] | None = None,
+    description: str | None = None,
+    max_retries: int = 5,
+) -> CommitResult:
+    """Commit files to a table in one transaction carrying ``txn(app_id, epoch)``, once.
+
+    Idempotent: if the table already records ``epoch`` (or later) for ``app_id`` nothing is
+    committed and ``committed`` is False; the staged files stay uncommitted for vacuum. The
+    table is created by the first commit. On a conflict with a concurrent writer the check is
+    repeated and the commit retried up to ``max_retries`` times.
+
+    Raises:
+        CommitConflictError: still conflicting after all retries.
+        LakeError: the table exists but cannot be read.
+    """
+    started = time.perf_counter()
+    props_meta = {"ivm.epoch": str(epoch), **(metadata or {})}
+    result = CommitResult(table_uri, epoch, committed=False, version=None)
+    with table_lock(table_uri):
+        for attempt in range(max_retries + 1):
+            result.retries = attempt
+            props = CommitProperties(
+                custom_metadata=props_meta, app_transactions=[Transaction(app_id, epoch)]
+            )
+            try:
+                dt = open_table(table_uri)
+                if dt is None:
+                    if removes:
+                        raise LakeError(f"{table_uri}: cannot remove files from a missing table")
+                    create_table_with_add_actions(
+                        table_uri,
+                        Schema.from_arrow(schema),
+                        list(adds),
+                        mode="error",
+                        description=description,
+                        commit_properties=props,
+                    )
+                else:
+                    done = dt.transaction_version(app_id)
+                    if done is not None and done >= epoch:
+                        result.version = dt.version()
+                        break
+                    dt.create_write_transaction(
+                        [*adds, *removes], mode="append", schema=schema, commit_properties=props
+                    )
+            except CommitFailedError:
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            except DeltaError as e:
+                if dt is None and "already exists" in str(e).lower():
+                    continue  # another writer created it: re-check the transaction
+                raise LakeError(f"{table_uri}: commit of epoch {epoch} failed: {e}") from e
+            result.committed = True
+            result.version = DeltaTable(table_uri).version()
+            result.files_added = len(adds)
+            result.files_removed = len(removes)
+            break
+        else:
+            raise CommitConflictError(
+                f"{table_uri}: epoch {epoch} still conflicts after {max_retries} retries"
+            )
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def remove_action(table_uri: str, f: DataFile) -> RemoveAction:
+    """A RemoveAction for one of a table's files."""
+    rel = os.path.relpath(local_path(f.uri), local_path(table_uri))
+    return RemoveAction(
+        rel, True, int(time.time() * 1000), None, dict(f.partition_values) or None
+    )
+
+
+def table_files(table_uri: str, version: int | None = None) -> list[DataFile]:
+    """The data files of one of the system's own tables ([] if it does not exist)."""
+    dt = open_table(table_uri, version)
+    return [] if dt is None else _data_files(dt)
+
+
+@dataclass
+class FileStats:
+    """Per-file min/max of some columns, for pruning on the driver."""
+
+    file: DataFile
+    mins: dict[str, Any] = field(default_factory=dict)
+    maxs: dict[str, Any] = field(default_factory=dict)
+
+
+def table_file_stats(table_uri: str, columns: Sequence[str]) -> list[FileStats]:
+    """Files of a table with their min/max for ``columns`` (missing stats -> absent key)."""
+    dt = open_table(table_uri)
+    if dt is None:
+        return []
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    root = local_path(dt.table_uri.rstrip("/"))
+    out = []
+    for row in actions:
+        f = DataFile(_join_uri(root, row["path"]), {}, row.get("num_records"))
+        fs = FileStats(f)
+        for c in columns:
+            if row.get(f"min.{c}") is not None:
+                fs.mins[c] = row[f"min.{c}"]
+            if row.get(f"max.{c}") is not None:
+                fs.maxs[c] = row[f"max.{c}"]
+        out.append(fs)
+    return out
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
