@@ -1,0 +1,68 @@
+"""Shared fixtures: one local Spark session per test run, and throw-away projects on disk.
+
+Tests that need Spark take the ``spark`` fixture (marked ``spark``); everything else runs
+without a JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+
+TEST_SPARK_CONF = {
+    "spark.master": "local[2]",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "2g",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        help="rewrite the expected EXPLAIN/error goldens from the current planner",
+    )
+
+
+@pytest.fixture(scope="session")
+def update_goldens(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from resources.spark import get_spark
+
+    session = get_spark(TEST_SPARK_CONF)
+    yield session
+    session.stop()
+
+
+ProjectFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def make_project(tmp_path: Path) -> ProjectFactory:
+    """Write an ``ivm.toml`` and view files under a temp dir; returns the project dir."""
+
+    def make(
+        views: Mapping[str, str], sources: Mapping[str, str], extra: str = ""
+    ) -> Path:
+        root = tmp_path / "project"
+        (root / "views").mkdir(parents=True, exist_ok=True)
+        lines = ['lake = "lake"', 'views = "views"', extra, "[sources]"]
+        lines += [f'{k} = "{v}"' for k, v in sources.items()]
+        (root / "ivm.toml").write_text("\n".join(lines) + "\n")
+        for name, sql in views.items():
+            (root / "views" / f"{name}.sql").write_text(textwrap.dedent(sql).strip() + "\n")
+        return root
+
+    return make
