@@ -63,11 +63,20 @@ def format_rows(table: pa.Table, fmt: str) -> str:
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(cols)
         for r in rows:
-            w.writerow(["" if r[c] is None else _json_default(r[c]) if not isinstance(r[c], (int, float, str)) else r[c] for c in cols])
+            w.writerow(
+                [
+                    ""
+                    if r[c] is None
+                    else _json_default(r[c])
+                    if not isinstance(r[c], (int, float, str))
+                    else r[c]
+                    for c in cols
+                ]
+            )
         return buf.getvalue()
     cells = [[_cell(r[c]) for c in cols] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=False)).rstrip()  # noqa: E731
     out = [line(cols), line(["-" * w for w in widths])]
     out.extend(line(row) for row in cells)
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
@@ -109,9 +118,7 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
                     "epoch": engine.latest_epoch(),
                     "minted": report.minted.epoch if report.minted else None,
                     "seconds": round(report.seconds, 3),
-                    "views": {
-                        v.view: {**v.metadata(), "error": v.error} for v in report.views
-                    },
+                    "views": {v.view: {**v.metadata(), "error": v.error} for v in report.views},
                 },
                 indent=1,
             )

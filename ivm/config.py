@@ -108,7 +108,7 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         raise ConfigError(f"{file}: views folder {str(views_dir)!r} does not exist")
     raw_sources = data.get("sources", {})
     if not isinstance(raw_sources, dict):
-        raise ConfigError(f"{file}: [sources] must be a table of name = \"path\"")
+        raise ConfigError(f'{file}: [sources] must be a table of name = "path"')
     sources: dict[str, str] = {}
     for name, value in raw_sources.items():
         if not _NAME.match(name):

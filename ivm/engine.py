@@ -222,7 +222,8 @@ class Engine:
             record = EpochRecord((last.epoch if last else 0) + 1, ranges, now_utc())
             if append_epoch(self.layout, record):
                 changed = ", ".join(
-                    f"{s} {'new' if lo is None else lo}->{up}" for s, (lo, up) in ranges.items()
+                    f"{s} {'new' if lo is None else lo}->{up}"
+                    for s, (lo, up) in ranges.items()
                     if lo != up
                 )
                 self.progress(f"epoch {record.epoch} minted ({changed})")
@@ -239,17 +240,16 @@ class Engine:
             self._spark = get_spark(self.project.spark_conf)
         return self._spark
 
-    def refresh(
-        self, views: Iterable[str] | None = None, *, mint: bool = True
-    ) -> RefreshReport:
+    def refresh(self, views: Iterable[str] | None = None, *, mint: bool = True) -> RefreshReport:
         """Mint an epoch if sources changed, then bring views (default: all) up to it.
 
         One failing view does not stop the others; views that read it are skipped (they wait
         rather than read partial data) and the report says why.
         """
         started = time.perf_counter()
+        plan = self.plan  # plan first: invalid SQL must fail before anything is written
         minted = self.mint_epoch() if mint else None
-        names = [self.view(v).name for v in views] if views is not None else list(self.plan.order)
+        names = [self.view(v).name for v in views] if views is not None else list(plan.order)
         selected = set(names)
         results: list[ViewResult] = []
         broken: dict[str, str] = {}

@@ -66,12 +66,16 @@ def _lower_names(df: DataFrame) -> DataFrame:
     return df.select(*[F.col(f"`{c}`").alias(c.lower()) for c in df.columns])
 
 
-def source_snapshot(spark: SparkSession, source: SourceTable, version: int, epoch: int) -> DataFrame:
+def source_snapshot(
+    spark: SparkSession, source: SourceTable, version: int, epoch: int
+) -> DataFrame:
     """The source's contents at ``version`` as ``+1`` updates at ``epoch``."""
     files = source.files(version)
     df = read_files(spark, files, source.arrow_schema(version), source.partition_columns(version))
-    return _lower_names(df).withColumn(TIME, F.lit(epoch).cast("bigint")).withColumn(
-        DIFF, F.lit(1).cast("bigint")
+    return (
+        _lower_names(df)
+        .withColumn(TIME, F.lit(epoch).cast("bigint"))
+        .withColumn(DIFF, F.lit(1).cast("bigint"))
     )
 
 
@@ -88,8 +92,10 @@ def source_changes(
     schema = source.arrow_schema(upper)
     if upper <= lower:
         empty = spark.createDataFrame([], from_arrow_schema(schema))
-        return _lower_names(empty).withColumn(TIME, F.lit(epoch).cast("bigint")).withColumn(
-            DIFF, F.lit(1).cast("bigint")
+        return (
+            _lower_names(empty)
+            .withColumn(TIME, F.lit(epoch).cast("bigint"))
+            .withColumn(DIFF, F.lit(1).cast("bigint"))
         )
     try:
         added = source.appended_files(lower, upper)
@@ -103,8 +109,10 @@ def source_changes(
     else:
         changes = source.changes(lower, upper).drop_columns(["_commit_version"])
         df = spark.createDataFrame(changes)
-    return _lower_names(df).withColumn(TIME, F.lit(epoch).cast("bigint")).select(
-        *[c.lower() for c in schema.names], TIME, DIFF
+    return (
+        _lower_names(df)
+        .withColumn(TIME, F.lit(epoch).cast("bigint"))
+        .select(*[c.lower() for c in schema.names], TIME, DIFF)
     )
 
 
@@ -146,6 +154,8 @@ def view_state(
     columns = [c for c in log_schema.names if c not in (TIME, DIFF)]
     df, _ = view_changes(spark, log_uri, log_schema, -1, at)
     summed = df.groupBy(*[F.col(f"`{c}`") for c in columns]).agg(F.sum(DIFF).alias(DIFF))
-    return summed.where(F.col(DIFF) != 0).withColumn(TIME, F.lit(at).cast("bigint")).select(
-        *[F.col(f"`{c}`") for c in columns], TIME, F.col(DIFF).cast("bigint").alias(DIFF)
+    return (
+        summed.where(F.col(DIFF) != 0)
+        .withColumn(TIME, F.lit(at).cast("bigint"))
+        .select(*[F.col(f"`{c}`") for c in columns], TIME, F.col(DIFF).cast("bigint").alias(DIFF))
     )

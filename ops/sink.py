@@ -124,9 +124,7 @@ def _candidate_files(
     stats_df = spark.createDataFrame(pa.Table.from_pylist(rows))
     for c in with_stats:
         for side in ("min", "max"):
-            stats_df = stats_df.withColumn(
-                f"{side}_{c}", F.col(f"{side}_{c}").cast(delta_types[c])
-            )
+            stats_df = stats_df.withColumn(f"{side}_{c}", F.col(f"{side}_{c}").cast(delta_types[c]))
     hits = (
         deletes.join(F.broadcast(stats_df), _prune_condition(deletes, stats_df, with_stats))
         .select("_file")
@@ -181,9 +179,11 @@ def apply_to_table(
                 f"(multiplicity would be {bad.pop(DIFF)}): {bad}"
             )
         total_rows = int(agg["rows"] or 0)
-        rows_out = merged.where(F.col(DIFF) > 0).select(
-            *cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n")
-        ).select(*cols)
+        rows_out = (
+            merged.where(F.col(DIFF) > 0)
+            .select(*cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n"))
+            .select(*cols)
+        )
         n_files = max(1, math.ceil(total_rows / ROWS_PER_FILE))
         if columns:
             rows_out = rows_out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)

@@ -51,7 +51,9 @@ def render(node: Node, inputs: Mapping[str, DataFrame]) -> DataFrame:
         df = render(branch, inputs)
         parts.append(
             df.select(
-                *[F.col(f"`{c}`").alias(n) for c, n in zip(branch.columns, names)], TIME, DIFF
+                *[F.col(f"`{c}`").alias(n) for c, n in zip(branch.columns, names, strict=False)],
+                TIME,
+                DIFF,
             )
         )
     return reduce(DataFrame.union, parts)

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -348,7 +348,13 @@ def append_epoch(layout: LakeLayout, record: EpochRecord) -> bool:
     """
     app_id = "_ivm/epochs"
     rows = [
-        {"epoch": record.epoch, "source": s, "lower": lo, "upper": up, "minted_at": record.minted_at}
+        {
+            "epoch": record.epoch,
+            "source": s,
+            "lower": lo,
+            "upper": up,
+            "minted_at": record.minted_at,
+        }
         for s, (lo, up) in sorted(record.ranges.items())
     ]
     data = pa.Table.from_pylist(rows, schema=EPOCH_SCHEMA)
@@ -595,9 +601,7 @@ def commit_files(
 def remove_action(table_uri: str, f: DataFile) -> RemoveAction:
     """A RemoveAction for one of a table's files."""
     rel = os.path.relpath(local_path(f.uri), local_path(table_uri))
-    return RemoveAction(
-        rel, True, int(time.time() * 1000), None, dict(f.partition_values) or None
-    )
+    return RemoveAction(rel, True, int(time.time() * 1000), None, dict(f.partition_values) or None)
 
 
 def table_files(table_uri: str, version: int | None = None) -> list[DataFile]:
@@ -636,4 +640,4 @@ def table_file_stats(table_uri: str, columns: Sequence[str]) -> list[FileStats]:
 
 
 def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -53,9 +53,7 @@ ProjectFactory = Callable[..., Path]
 def make_project(tmp_path: Path) -> ProjectFactory:
     """Write an ``ivm.toml`` and view files under a temp dir; returns the project dir."""
 
-    def make(
-        views: Mapping[str, str], sources: Mapping[str, str], extra: str = ""
-    ) -> Path:
+    def make(views: Mapping[str, str], sources: Mapping[str, str], extra: str = "") -> Path:
         root = tmp_path / "project"
         (root / "views").mkdir(parents=True, exist_ok=True)
         lines = ['lake = "lake"', 'views = "views"', extra, "[sources]"]

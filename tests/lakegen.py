@@ -23,7 +23,9 @@ ITEMS_SCHEMA = pa.schema(
         ("tag", pa.string()),
     ]
 )
-EVENTS_SCHEMA = pa.schema([("id", pa.int64()), ("kind", pa.string()), ("amount", pa.decimal128(10, 2))])
+EVENTS_SCHEMA = pa.schema(
+    [("id", pa.int64()), ("kind", pa.string()), ("amount", pa.decimal128(10, 2))]
+)
 
 
 def _maybe(rng: random.Random, value, p_null: float = 0.15):
@@ -73,7 +75,10 @@ class RandomLake:
             configuration={"delta.enableChangeDataFeed": "true"},
         )
         write_deltalake(
-            self.events, pa.Table.from_pylist([event_row(self.rng, i) for i in self._ids(n_events)], schema=EVENTS_SCHEMA)
+            self.events,
+            pa.Table.from_pylist(
+                [event_row(self.rng, i) for i in self._ids(n_events)], schema=EVENTS_SCHEMA
+            ),
         )
 
     def item_ids(self) -> list[int]:
@@ -88,7 +93,9 @@ class RandomLake:
         # Updates: quantities, groups (to and from NULL), prices.
         upd = rng.sample(ids, min(len(ids), rng.randint(1, 6)))
         if upd:
-            table.update({"qty": "coalesce(qty, 0) + 3"}, predicate=f"id IN ({','.join(map(str, upd))})")
+            table.update(
+                {"qty": "coalesce(qty, 0) + 3"}, predicate=f"id IN ({','.join(map(str, upd))})"
+            )
             done.append(f"update qty {len(upd)}")
         upd = rng.sample(ids, min(len(ids), rng.randint(0, 3)))
         if upd:
@@ -107,6 +114,8 @@ class RandomLake:
         done.append(f"insert {len(new)}")
         if rng.random() < 0.7:
             ev = [event_row(rng, i) for i in self._ids(rng.randint(1, 5))]
-            write_deltalake(self.events, pa.Table.from_pylist(ev, schema=EVENTS_SCHEMA), mode="append")
+            write_deltalake(
+                self.events, pa.Table.from_pylist(ev, schema=EVENTS_SCHEMA), mode="append"
+            )
             done.append(f"events +{len(ev)}")
         return ", ".join(done)

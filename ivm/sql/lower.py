@@ -18,8 +18,18 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ivm.errors import SqlError
-from ivm.plan.ir import CollectionKind, Filter, Get, Node, Project, UnionAll, demand, simplify
-from ivm.sql.parse import ParsedView, sql_error
+from ivm.plan.ir import (
+    CollectionKind,
+    Filter,
+    Get,
+    Node,
+    Project,
+    UnionAll,
+    collections,
+    demand,
+    simplify,
+)
+from ivm.sql.parse import ParsedView, position, sql_error
 
 CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
 """What the planner knows of a named collection: its kind and its (lowercase) columns."""
@@ -37,6 +47,9 @@ _NONDETERMINISTIC_ANONYMOUS = {
 }
 
 # Clauses of a SELECT that this release does not maintain, with the name the user knows them by.
+RESERVED_COLUMNS = ("_time", "_diff")
+"""Column names the engine uses for the time and diff of every update."""
+
 _UNSUPPORTED_CLAUSES = {
     "joins": "JOIN",
     "laterals": "LATERAL VIEW",
@@ -92,7 +105,11 @@ class _Lowerer:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def query(self, q: exp.Expression, ctes: Mapping[str, Node]) -> Node:
+    def query(
+        self, q: exp.Expression, ctes: Mapping[str, Node], *, need_names: bool = True
+    ) -> Node:
+        """Lower a query. ``need_names=False`` for UNION branches after the first, whose
+        column names SQL ignores (the first branch names the columns)."""
         with_ = _arg(q, "with")
         if isinstance(with_, exp.With):
             if with_.args.get("recursive"):
@@ -102,25 +119,25 @@ class _Lowerer:
                 scope[cte.alias_or_name.lower()] = self.query(cte.this, scope)
             ctes = scope
         if isinstance(q, exp.Subquery):
-            return self.query(q.this, ctes)
+            return self.query(q.this, ctes, need_names=need_names)
         if isinstance(q, exp.Union):
             if q.args.get("distinct"):
                 raise self.unsupported("UNION (distinct; use UNION ALL)", q.expression)
             if q.args.get("by_name"):
                 raise self.unsupported("UNION ALL BY NAME", q.expression)
-            return self.union_all(q, ctes)
+            return self.union_all(q, ctes, need_names=need_names)
         if isinstance(q, exp.Intersect):
             raise self.unsupported("INTERSECT", q.expression)
         if isinstance(q, exp.Except):
             raise self.unsupported("EXCEPT", q.expression)
         if isinstance(q, exp.Select):
-            return self.select(q, ctes)
+            return self.select(q, ctes, need_names=need_names)
         raise self.unsupported(type(q).__name__.upper(), q)
 
-    def union_all(self, q: exp.Union, ctes: Mapping[str, Node]) -> Node:
+    def union_all(self, q: exp.Union, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
         branches: list[Node] = []
-        for side in (q.this, q.expression):
-            node = self.query(side, ctes)
+        for i, side in enumerate((q.this, q.expression)):
+            node = self.query(side, ctes, need_names=need_names and i == 0)
             if isinstance(node, UnionAll) and not isinstance(side, exp.Subquery):
                 branches.extend(node.branches)
             else:
@@ -136,16 +153,20 @@ class _Lowerer:
                     q.expression,
                 )
             if b.columns != names:
-                b = Project(b, tuple((n, exp.column(c)) for n, c in zip(names, b.columns)))
+                b = Project(
+                    b, tuple((n, exp.column(c)) for n, c in zip(names, b.columns, strict=False))
+                )
             aligned.append(b)
         return UnionAll(tuple(aligned))
 
-    def select(self, s: exp.Select, ctes: Mapping[str, Node]) -> Node:
+    def select(self, s: exp.Select, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
         for key, construct in _UNSUPPORTED_CLAUSES.items():
             value = _arg(s, key)
             if value:
                 at = value[0] if isinstance(value, list) else value
-                raise self.unsupported(construct, at if isinstance(at, exp.Expression) else s)
+                if key == "joins" and isinstance(at, exp.Join):
+                    construct = self._join_name(at)
+                raise self.unsupported(construct, self._located(at, s))
         from_ = _arg(s, "from")
         if not isinstance(from_, exp.From):
             raise self.unsupported("SELECT without FROM", s)
@@ -156,9 +177,15 @@ class _Lowerer:
             node = Filter(node, self.expression(where.this, rel, "WHERE"))
         outputs: list[tuple[str, exp.Expression]] = []
         for item in s.expressions:
-            outputs.extend(self.select_item(item, rel))
+            outputs.extend(self.select_item(item, rel, need_names=need_names))
+        if not need_names:  # positional branch: any unique names do
+            outputs = [(f"_c{i}", e) for i, (_, e) in enumerate(outputs)]
         seen: dict[str, exp.Expression] = {}
-        for (name, _), item in zip(outputs, self._items_for(s, rel)):
+        for (name, _), item in zip(outputs, self._items_for(s, rel), strict=False):
+            if name in RESERVED_COLUMNS:
+                raise self.error(
+                    f"column name {name!r} is reserved for the engine's updates; rename it", item
+                )
             if name in seen:
                 raise self.error(
                     f"duplicate output column {name!r}: give one of them another alias", item
@@ -166,6 +193,24 @@ class _Lowerer:
             seen[name] = item
         # ORDER BY without LIMIT does not change a multiset: a view has no order.
         return Project(node, tuple(outputs))
+
+    def _join_name(self, join: exp.Join) -> str:
+        """How the user wrote a join: ``LEFT JOIN``, ``CROSS JOIN``, ``JOIN (FROM a, b)``..."""
+        words = [str(join.args.get(k) or "").upper() for k in ("side", "kind")]
+        name = " ".join(w for w in words if w) + " JOIN"
+        start = next(
+            (n.meta["start"] for n in join.this.walk() if isinstance(n.meta.get("start"), int)),
+            None,
+        )
+        if start is not None and self.sql[:start].rstrip().endswith(","):
+            return "JOIN (FROM a, b)"
+        return name.strip()
+
+    def _located(self, node: object, fallback: exp.Expression) -> exp.Expression:
+        """``node`` if sqlglot recorded where it is, else ``fallback``."""
+        if isinstance(node, exp.Expression) and position(node, self.sql)[0] is not None:
+            return node
+        return fallback
 
     def _items_for(self, s: exp.Select, rel: _Relation) -> list[exp.Expression]:
         out: list[exp.Expression] = []
@@ -194,9 +239,7 @@ class _Lowerer:
             entry = self.catalog.get(name)
             if entry is None:
                 known = ", ".join(sorted(self.catalog)) or "none"
-                raise self.error(
-                    f"unknown table {name!r} (sources and views: {known})", item
-                )
+                raise self.error(f"unknown table {name!r} (sources and views: {known})", item)
             kind, columns = entry
             if name == self.view.name:
                 raise self.error(f"view {name!r} refers to itself", item)
@@ -211,7 +254,7 @@ class _Lowerer:
     # -- expressions -----------------------------------------------------------------------
 
     def select_item(
-        self, item: exp.Expression, rel: _Relation
+        self, item: exp.Expression, rel: _Relation, *, need_names: bool = True
     ) -> list[tuple[str, exp.Expression]]:
         if isinstance(item, exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
@@ -225,6 +268,8 @@ class _Lowerer:
         if isinstance(item, exp.Column):
             resolved = self.expression(item, rel, "SELECT")
             return [(resolved.name, resolved)]
+        if not need_names:
+            return [("_c", self.expression(item, rel, "SELECT"))]
         raise self.error(
             f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name", item
         )
@@ -248,9 +293,9 @@ class _Lowerer:
                 isinstance(node, exp.In) and node.args.get("query")
             ):
                 raise self.unsupported(f"subquery in {clause}", node)
-            if isinstance(node, (exp.Rand, exp.Randn, exp.Uuid)) or type(
-                node
-            ).__name__.startswith("Current"):
+            if isinstance(node, (exp.Rand, exp.Randn, exp.Uuid)) or type(node).__name__.startswith(
+                "Current"
+            ):
                 raise self.error(
                     f"{node.sql(dialect='spark')} is not deterministic: a view must give the "
                     "same row for the same input, or deletes could not retract it",
@@ -296,8 +341,16 @@ def lower_view(view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> Node:
             the message names the file, line and column.
     """
     lowerer = _Lowerer(view, catalog)
-    node = lowerer.query(view.query, {})
-    return simplify(demand(node))
+    node = simplify(demand(lowerer.query(view.query, {})))
+    for get in collections(node):
+        clash = set(get.columns) & set(RESERVED_COLUMNS)
+        if clash:
+            raise SqlError(
+                f"{get.kind} {get.collection!r} has a column named {sorted(clash)[0]!r}, which "
+                "is reserved for the engine's updates; select other columns or rename it",
+                file=view.file,
+            )
+    return node
 
 
 def referenced_tables(view: ParsedView) -> set[str]:

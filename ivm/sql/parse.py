@@ -107,9 +107,7 @@ def parse_view(sql: str, file: str = "<sql>") -> ParsedView:
     stmt = statements[0]
     if not isinstance(stmt, exp.Create) or str(stmt.args.get("kind", "")).upper() != "VIEW":
         line, col = position(stmt, sql)
-        raise SqlError(
-            "expected CREATE VIEW name AS SELECT ...", file=file, line=line, col=col
-        )
+        raise SqlError("expected CREATE VIEW name AS SELECT ...", file=file, line=line, col=col)
     target = stmt.this
     if isinstance(target, exp.Schema):  # CREATE VIEW v (a, b) AS ...
         raise sql_error(

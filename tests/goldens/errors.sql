@@ -1,0 +1,45 @@
+-- sources: orders(o_orderkey, o_custkey, o_totalprice); customer(c_custkey, c_name)
+-- case: unknown column
+CREATE VIEW v AS
+SELECT o_orderkey, o_nope FROM orders
+-- case: unknown qualifier
+CREATE VIEW v AS SELECT x.o_orderkey FROM orders o
+-- case: unknown table
+CREATE VIEW v AS SELECT * FROM ordrs
+-- case: join
+CREATE VIEW v AS
+SELECT o_orderkey FROM orders JOIN customer ON o_custkey = c_custkey
+-- case: comma join
+CREATE VIEW v AS SELECT o_orderkey FROM orders, customer
+-- case: aggregate
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey
+-- case: aggregate without group by
+CREATE VIEW v AS SELECT count(*) AS n FROM orders
+-- case: distinct
+CREATE VIEW v AS SELECT DISTINCT o_custkey FROM orders
+-- case: union distinct
+CREATE VIEW v AS SELECT o_custkey FROM orders UNION SELECT c_custkey FROM customer
+-- case: limit
+CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 10
+-- case: window
+CREATE VIEW v AS SELECT o_orderkey, row_number() OVER (ORDER BY o_totalprice) AS rn FROM orders
+-- case: subquery in where
+CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_custkey IN (SELECT c_custkey FROM customer)
+-- case: nondeterministic
+CREATE VIEW v AS SELECT o_orderkey, rand() AS r FROM orders
+-- case: current_date
+CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_totalprice > 0 AND current_date() > DATE '2020-01-01'
+-- case: expression without alias
+CREATE VIEW v AS SELECT o_totalprice * 2 FROM orders
+-- case: duplicate output column
+CREATE VIEW v AS SELECT o_orderkey, o_custkey AS o_orderkey FROM orders
+-- case: reserved column name
+CREATE VIEW v AS SELECT o_orderkey AS _diff FROM orders
+-- case: syntax error
+CREATE VIEW v AS SELECT o_orderkey FROM WHERE
+-- case: not a view
+SELECT o_orderkey FROM orders
+-- case: two statements
+CREATE VIEW v AS SELECT o_orderkey FROM orders; CREATE VIEW w AS SELECT o_orderkey FROM orders
+-- case: union width
+CREATE VIEW v AS SELECT o_orderkey, o_custkey FROM orders UNION ALL SELECT c_custkey FROM customer

@@ -1,0 +1,151 @@
+"""The ``ivm`` command: output of each subcommand, and one clear line (exit 2, nothing
+written) for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from ivm.cli import main
+
+ORDERS = pa.table(
+    {
+        "o_orderkey": pa.array([1, 2, 3, 4], pa.int64()),
+        "o_status": ["O", "F", "O", "O"],
+        "o_price": pa.array([10, 20, 30, 30], pa.int64()),
+    }
+)
+GOOD_VIEW = {
+    "open_orders": "CREATE VIEW open_orders AS SELECT o_orderkey, o_price FROM orders WHERE o_status = 'O'"
+}
+
+
+@pytest.fixture
+def orders(tmp_path: Path) -> str:
+    path = str(tmp_path / "data" / "orders")
+    write_deltalake(path, ORDERS, configuration={"delta.enableChangeDataFeed": "true"})
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_malformed_toml(tmp_path: Path, capsys) -> None:
+    (tmp_path / "ivm.toml").write_text("lake = \n")
+    code, _, err = run(capsys, "--project", str(tmp_path), "status")
+    assert code == 2
+    assert "ivm.toml" in err and "malformed TOML" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_key_in_toml(tmp_path: Path, capsys) -> None:
+    (tmp_path / "views").mkdir()
+    (tmp_path / "ivm.toml").write_text('lake = "lake"\nsourcse = 1\n')
+    code, _, err = run(capsys, "--project", str(tmp_path), "status")
+    assert code == 2 and "unknown key 'sourcse'" in err
+
+
+def test_missing_project(tmp_path: Path, capsys) -> None:
+    code, _, err = run(capsys, "--project", str(tmp_path / "nope"), "status")
+    assert code == 2 and "project file not found" in err
+
+
+def test_missing_source_path(make_project, tmp_path: Path, capsys) -> None:
+    root = make_project(GOOD_VIEW, {"orders": str(tmp_path / "no" / "such")})
+    code, _, err = run(capsys, "--project", str(root), "refresh")
+    assert code == 2
+    assert "source 'orders'" in err and "no Delta table" in err
+    assert not (root / "lake").exists()
+
+
+def test_unknown_column_names_file_line_col(make_project, orders, capsys) -> None:
+    root = make_project(
+        {"bad": "CREATE VIEW bad AS\nSELECT o_orderkey,\n       o_prise FROM orders"},
+        {"orders": orders},
+    )
+    code, _, err = run(capsys, "--project", str(root), "refresh")
+    assert code == 2
+    assert f"{root}/views/bad.sql:3:8: unknown column 'o_prise'" in err
+    assert not (root / "lake").exists(), "nothing may be written on bad input"
+
+
+def test_unsupported_construct_is_named(make_project, orders, capsys) -> None:
+    root = make_project(
+        {"agg": "CREATE VIEW agg AS SELECT o_status, count(*) AS n FROM orders GROUP BY o_status"},
+        {"orders": orders},
+    )
+    code, _, err = run(capsys, "--project", str(root), "explain", "agg")
+    assert code == 2 and "GROUP BY is not supported" in err and "agg.sql:1:" in err
+
+
+def test_unknown_view(make_project, orders, capsys) -> None:
+    root = make_project(GOOD_VIEW, {"orders": orders})
+    code, _, err = run(capsys, "--project", str(root), "show", "nope")
+    assert code == 2 and "unknown view 'nope' (views: open_orders)" in err
+
+
+def test_show_before_refresh_says_what_to_do(make_project, orders, capsys) -> None:
+    root = make_project(GOOD_VIEW, {"orders": orders})
+    code, _, err = run(capsys, "--project", str(root), "show", "open_orders")
+    assert code == 2 and "not been materialized yet" in err and "refresh" in err
+
+
+@pytest.mark.spark
+def test_refresh_then_show_explain_status_without_spark(spark, make_project, orders, capsys):
+    root = make_project(GOOD_VIEW, {"orders": orders})
+    code, out, _ = run(capsys, "--project", str(root), "refresh")
+    assert code == 0
+    assert "open_orders      1             3" in out and "built" in out
+    code, out, _ = run(capsys, "--project", str(root), "refresh", "--json")
+    assert code == 0 and json.loads(out)["views"]["open_orders"]["status"] == "up-to-date"
+
+    # show/explain/status in a fresh interpreter: they must not even import pyspark.
+    script = (
+        "import sys, contextlib, io\n"
+        "from ivm.cli import main\n"
+        "outs = []\n"
+        "for argv in sys.argv[1:]:\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf):\n"
+        "        assert main(argv.split('|')) == 0, argv\n"
+        "    outs.append(buf.getvalue())\n"
+        "assert 'pyspark' not in sys.modules, 'a read-only command imported pyspark'\n"
+        "print('\\n=====\\n'.join(outs))\n"
+    )
+    p = str(root)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            f"--project|{p}|show|open_orders|--format|csv",
+            f"--project|{p}|show|open_orders|--format|json",
+            f"--project|{p}|show|open_orders",
+            f"--project|{p}|explain|open_orders",
+            f"--project|{p}|status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    csv_out, json_out, table_out, explain_out, status_out = proc.stdout.split("\n=====\n")
+    assert csv_out.splitlines() == ["o_orderkey,o_price", "1,10", "3,30", "4,30"]
+    assert json.loads(json_out) == [
+        {"o_orderkey": 1, "o_price": 10},
+        {"o_orderkey": 3, "o_price": 30},
+        {"o_orderkey": 4, "o_price": 30},
+    ]
+    assert table_out.splitlines()[-1] == "(3 rows)"
+    assert "Get source orders [o_orderkey, o_status, o_price]" in explain_out
+    assert "orders: consumed version 0, current version 0" in status_out
+    assert "open_orders: epoch 1, 3 rows" in status_out

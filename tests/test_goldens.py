@@ -1,0 +1,104 @@
+"""SQL -> plan goldens, no Spark: EXPLAIN texts and planner error messages are contracts.
+
+Run ``pytest tests/test_goldens.py --update-goldens`` to rewrite the expected files after an
+intended planner change, then review the diff.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ivm.errors import SqlError
+from ivm.plan.explain import explain
+from ivm.plan.planner import plan_views
+from ivm.sql.parse import parse_view
+
+GOLDENS = Path(__file__).parent / "goldens"
+
+
+def parse_sources(text: str) -> dict[str, tuple[str, ...]]:
+    """``-- sources: t(a, b); u(c)`` -> {"t": ("a", "b"), "u": ("c",)}."""
+    line = next(ln for ln in text.splitlines() if ln.startswith("-- sources:"))
+    out = {}
+    for name, cols in re.findall(r"(\w+)\(([^)]*)\)", line):
+        out[name] = tuple(c.strip() for c in cols.split(","))
+    return out
+
+
+def split_views(text: str) -> list[str]:
+    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("-- "))
+    return [s.strip() for s in body.split(";") if s.strip()]
+
+
+@pytest.mark.parametrize("path", sorted((GOLDENS / "explain").glob("*.sql")), ids=lambda p: p.stem)
+def test_explain_golden(path: Path, update_goldens: bool) -> None:
+    text = path.read_text()
+    views = [parse_view(sql, f"{i}.sql") for i, sql in enumerate(split_views(text))]
+    plan = plan_views(views, parse_sources(text))
+    actual = "\n".join(explain(v) for v in plan.views.values())
+    expected_file = path.with_suffix(".explain")
+    if update_goldens or not expected_file.exists():
+        expected_file.write_text(actual)
+    assert actual == expected_file.read_text()
+
+
+def error_cases() -> list[tuple[str, str]]:
+    text = (GOLDENS / "errors.sql").read_text()
+    cases = re.split(r"^-- case: (.*)$", text, flags=re.M)
+    return [(cases[i].strip(), cases[i + 1].strip()) for i in range(1, len(cases), 2)]
+
+
+def test_error_goldens(update_goldens: bool) -> None:
+    sources = parse_sources((GOLDENS / "errors.sql").read_text())
+    lines = []
+    for title, sql in error_cases():
+        with pytest.raises(SqlError) as info:
+            plan_views([parse_view(sql, "v.sql")], sources)
+        lines.append(f"{title}: {info.value}")
+    actual = "\n".join(lines) + "\n"
+    expected_file = GOLDENS / "errors.expected"
+    if update_goldens or not expected_file.exists():
+        expected_file.write_text(actual)
+    assert actual == expected_file.read_text()
+
+
+def test_error_carries_position() -> None:
+    with pytest.raises(SqlError) as info:
+        plan_views(
+            [parse_view("CREATE VIEW v AS\nSELECT a,\n       nope\nFROM t", "v.sql")], {"t": ("a",)}
+        )
+    assert (info.value.file, info.value.line, info.value.col) == ("v.sql", 3, 8)
+
+
+def test_unsupported_names_construct() -> None:
+    with pytest.raises(SqlError) as info:
+        plan_views(
+            [parse_view("CREATE VIEW v AS SELECT DISTINCT a FROM t", "v.sql")], {"t": ("a",)}
+        )
+    assert info.value.construct == "SELECT DISTINCT"
+
+
+def test_cycle_between_views_is_rejected() -> None:
+    a = parse_view("CREATE VIEW a AS SELECT x FROM b", "a.sql")
+    b = parse_view("CREATE VIEW b AS SELECT x FROM a", "b.sql")
+    with pytest.raises(SqlError, match="cycle"):
+        plan_views([a, b], {"t": ("x",)})
+
+
+def test_demand_reads_only_used_columns() -> None:
+    plan = plan_views(
+        [parse_view("CREATE VIEW v AS SELECT b + 1 AS c FROM t WHERE d > 0", "v.sql")],
+        {"t": ("a", "b", "c", "d")},
+    )
+    (get,) = plan.views["v"].gets
+    assert get.columns == ("b", "d")
+
+
+def test_code_version_ignores_formatting() -> None:
+    one = parse_view("CREATE VIEW v AS SELECT a FROM t WHERE b > 1", "v.sql")
+    two = parse_view("create view v as\n  select a\n  from t\n  where b > 1", "v.sql")
+    three = parse_view("CREATE VIEW v AS SELECT a FROM t WHERE b > 2", "v.sql")
+    assert one.sql_hash == two.sql_hash != three.sql_hash
