@@ -1,0 +1,160 @@
+"""Dagster assets for one project: observable sources, the epoch, and one asset per view.
+
+Owns the mapping from the engine's objects to Dagster's: asset keys, dependencies taken from
+the plan, code versions (the SQL hash), data versions and metadata. Every computation is the
+engine's (:class:`ivm.engine.Engine`): ``ivm refresh`` and a materialization run the same code.
+
+Contract in ``(data, time, diff)`` terms:
+
+- ``sources/<name>`` is observed: its data version is the Delta table version.
+- ``ivm/epoch`` mints the next epoch: the version range of every source that changed.
+- ``views/<name>`` brings the view to the newest epoch its inputs reached; its data version
+  is that epoch, so a materialization that changed nothing keeps the same data version.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from ivm.config import Project
+from ivm.engine import Engine, ViewResult
+from resources.lake import SourceTable
+
+SOURCES_GROUP = "sources"
+VIEWS_GROUP = "views"
+EPOCH_KEY = dg.AssetKey(["ivm", "epoch"])
+POOL = "ivm_lake"
+"""Concurrency pool of every asset that writes the lake: limit it to 1 (see dagster.yaml)."""
+
+
+def source_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["sources", name])
+
+
+def view_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["views", name])
+
+
+def _md_code(text: str, lang: str = "") -> dg.MetadataValue:
+    return dg.MetadataValue.md(f"```{lang}\n{text.rstrip()}\n```")
+
+
+def _source_asset(project: Project, name: str, uri: str) -> Any:
+    @dg.observable_source_asset(
+        key=source_key(name),
+        group_name=SOURCES_GROUP,
+        description=f"Delta table {uri}; its data version is the Delta table version.",
+        metadata={"path": dg.MetadataValue.path(uri)},
+    )
+    def _observe() -> dg.ObserveResult:
+        version = SourceTable(name, uri).version()
+        return dg.ObserveResult(
+            data_version=dg.DataVersion(str(version)), metadata={"delta_version": version}
+        )
+
+    return _observe
+
+
+def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=EPOCH_KEY,
+        deps=[source_key(s) for s in sources],
+        group_name=VIEWS_GROUP,
+        pool=POOL,
+        kinds={"delta"},
+        description=(
+            "Mints the next epoch: fixes, for every source, the Delta version range "
+            "(lower, upper] whose changes the views consume next."
+        ),
+    )
+    def epoch(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        engine = Engine(project, progress=context.log.info)
+        record = engine.mint_epoch()
+        current = engine.latest_epoch()
+        ranges = record.ranges if record else (engine.epochs()[-1].ranges if current else {})
+        table = "\n".join(
+            f"| {s} | {'-' if lo is None else lo} | {up} |" for s, (lo, up) in ranges.items()
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "epoch": current,
+                "minted": record is not None,
+                "ranges": dg.MetadataValue.md(
+                    f"| source | lower (exclusive) | upper |\n|---|---|---|\n{table}"
+                ),
+            },
+            data_version=dg.DataVersion(f"epoch-{current}"),
+        )
+
+    return epoch
+
+
+def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, Any]:
+    """The metadata a view's materialization reports (also used by tests)."""
+    import pyarrow as pa
+
+    status = engine.view_status(name)
+    table_uri = engine.layout.view_table(name)
+    schema = engine._schema(table_uri)
+    columns = dg.TableSchema(
+        columns=[dg.TableColumn(f.name, str(f.type)) for f in pa.schema(schema)]
+    )
+    return {
+        **result.metadata(),
+        "dagster/row_count": status.rows or 0,
+        "dagster/table_name": table_uri,
+        "dagster/column_schema": columns,
+        "diff_log": dg.MetadataValue.path(engine.layout.view_log(name)),
+        "explain": _md_code(engine.explain(name)),
+    }
+
+
+def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinition:
+    plan = engine.plan.views[name]
+    deps = [source_key(s) for s in plan.source_inputs]
+    deps += [view_key(v) for v in plan.view_inputs]
+    deps.append(EPOCH_KEY)
+
+    @dg.asset(
+        key=view_key(name),
+        deps=deps,
+        group_name=VIEWS_GROUP,
+        code_version=plan.sql_hash,
+        pool=POOL,
+        kinds={"spark", "delta"},
+        description=f"View {name} ({plan.file}), maintained incrementally.",
+        metadata={
+            "sql": _md_code(plan.sql, "sql"),
+            "explain": _md_code(engine.explain(name)),
+            "table": dg.MetadataValue.path(engine.layout.view_table(name)),
+        },
+    )
+    def view(
+        context: dg.AssetExecutionContext, pyspark: LazyPySparkResource
+    ) -> dg.MaterializeResult:
+        from resources.spark import check_java
+
+        check_java()
+        run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        result = run_engine.refresh_view(name)
+        return dg.MaterializeResult(
+            metadata=view_metadata(run_engine, name, result),
+            data_version=dg.DataVersion(f"epoch-{result.epoch}"),
+        )
+
+    return view
+
+
+def build_assets(project: Project) -> list[Any]:
+    """Every asset of a project: sources, the epoch, and views in refresh order.
+
+    Raises:
+        IvmError: the project cannot be planned (its message names the file and position).
+    """
+    engine = Engine(project)
+    assets: list[Any] = [_source_asset(project, name, uri) for name, uri in project.sources.items()]
+    assets.append(_epoch_asset(project, list(project.sources)))
+    assets.extend(_view_asset(project, engine, name) for name in engine.plan.order)
+    return assets

@@ -1,0 +1,1 @@
+"""The Dagster code location: definitions, jobs, sensors and schedules for one project."""

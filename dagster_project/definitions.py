@@ -1,0 +1,56 @@
+"""The code location's one composition root.
+
+Loads the project named by ``$IVM_PROJECT`` (an ``ivm.toml`` or its directory; default: the
+demo project the README's demo command creates) and returns its Definitions: assets, the
+refresh job, the source sensor, the schedule, and the Spark resource built from the same
+settings ``ivm refresh`` uses, so both run identical engine code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from assets.views import build_assets
+from dagster_project.jobs import refresh_job
+from dagster_project.schedules import refresh_schedule
+from dagster_project.sensors import source_sensor
+from ivm.config import CONFIG_ENV, load_project
+from ivm.errors import ConfigError
+from resources.spark import spark_conf
+
+DEMO_PROJECT = Path(__file__).resolve().parent.parent / "demo" / "work" / "project" / "ivm.toml"
+
+
+def build_definitions(project_path: str | os.PathLike[str]) -> dg.Definitions:
+    """Definitions for one project."""
+    project = load_project(project_path)
+    job = refresh_job()
+    return dg.Definitions(
+        assets=build_assets(project),
+        jobs=[job],
+        sensors=[source_sensor(project, job)],
+        schedules=[refresh_schedule(job)],
+        resources={"pyspark": LazyPySparkResource(spark_config=spark_conf(project.spark_conf))},
+    )
+
+
+def _project_path() -> str:
+    path = os.environ.get(CONFIG_ENV)
+    if path:
+        return path
+    if not DEMO_PROJECT.exists():
+        raise ConfigError(
+            f"{CONFIG_ENV} is not set and the demo project {DEMO_PROJECT} does not exist yet: "
+            "run the README's demo command first, or point IVM_PROJECT at your ivm.toml"
+        )
+    return str(DEMO_PROJECT)
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """Loaded lazily by Dagster, so importing this module never needs a project."""
+    return build_definitions(_project_path())

@@ -1,0 +1,19 @@
+"""Jobs. The refresh job runs in one process so all its steps share one Spark session."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.views import VIEWS_GROUP
+
+REFRESH_JOB = "ivm_refresh"
+
+
+def refresh_job() -> dg.UnresolvedAssetJobDefinition:
+    """Mint an epoch and bring every view to it (the epoch asset and all view assets)."""
+    return dg.define_asset_job(
+        REFRESH_JOB,
+        selection=dg.AssetSelection.groups(VIEWS_GROUP),
+        executor_def=dg.in_process_executor,
+        description="One epoch: mint it from the sources' new versions, refresh every view.",
+    )

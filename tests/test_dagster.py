@@ -1,0 +1,193 @@
+"""The Dagster layer on the real stack: definitions load, the refresh job materializes views
+with the shared Spark session, the sensor requests a run exactly when a source moved, and the
+webserver serves the asset graph (sources upstream of the views that read them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from assets.views import EPOCH_KEY, source_key, view_key
+from dagster_project.definitions import build_definitions
+from dagster_project.jobs import REFRESH_JOB
+from ivm.engine import Engine
+from ivm.oracle import compare_views
+
+REPO = Path(__file__).resolve().parent.parent
+
+VIEWS = {
+    "open_orders": """
+        CREATE VIEW open_orders AS
+        SELECT o_orderkey, o_custkey, o_price FROM orders WHERE o_status = 'O'
+    """,
+    "vip_open_orders": """
+        CREATE VIEW vip_open_orders AS
+        SELECT o_orderkey, o_price * 2 AS doubled FROM open_orders WHERE o_custkey < 10
+    """,
+    "customers_upper": "CREATE VIEW customers_upper AS SELECT c_custkey, upper(c_name) AS name FROM customer",
+}
+
+
+def orders_table(keys: range) -> pa.Table:
+    return pa.table(
+        {
+            "o_orderkey": pa.array(list(keys), pa.int64()),
+            "o_custkey": pa.array([k % 13 for k in keys], pa.int64()),
+            "o_status": ["O" if k % 3 else "F" for k in keys],
+            "o_price": pa.array([k * 10 for k in keys], pa.int64()),
+        }
+    )
+
+
+@pytest.fixture
+def project(make_project, tmp_path: Path) -> Path:
+    orders, customer = str(tmp_path / "orders"), str(tmp_path / "customer")
+    write_deltalake(
+        orders, orders_table(range(30)), configuration={"delta.enableChangeDataFeed": "true"}
+    )
+    write_deltalake(customer, pa.table({"c_custkey": [1, 2], "c_name": ["ann", "bob"]}))
+    return make_project(VIEWS, {"orders": orders, "customer": customer})
+
+
+def test_definitions_load_with_lineage(project: Path) -> None:
+    defs = build_definitions(project)
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    assert graph.get(view_key("open_orders")).parent_keys == {source_key("orders"), EPOCH_KEY}
+    assert view_key("open_orders") in graph.get(view_key("vip_open_orders")).parent_keys
+    spec = graph.get(view_key("vip_open_orders"))
+    assert spec.code_version == Engine(project).plan.views["vip_open_orders"].sql_hash
+    assert defs.resolve_job_def(REFRESH_JOB) is not None
+    assert defs.resolve_sensor_def("ivm_source_versions") is not None
+    assert defs.resolve_schedule_def("ivm_refresh_schedule") is not None
+
+
+def test_definitions_module_reads_env(project: Path, monkeypatch) -> None:
+    monkeypatch.setenv("IVM_PROJECT", str(project / "ivm.toml"))
+    import importlib
+
+    import dagster_project.definitions as module
+
+    module = importlib.reload(module)
+    keys = {k.to_user_string() for k in module.defs().resolve_asset_graph().get_all_asset_keys()}
+    assert {"sources/orders", "views/open_orders", "ivm/epoch"} <= keys
+
+
+def test_sensor_requests_one_run_per_new_version(project: Path, spark) -> None:
+    defs = build_definitions(project)
+    sensor = defs.resolve_sensor_def("ivm_source_versions")
+    instance = dg.DagsterInstance.ephemeral()
+    # Nothing consumed yet: the first epoch is pending.
+    result = sensor(dg.build_sensor_context(instance=instance))
+    assert [r.run_key for r in result.run_requests] == ["epoch-1:customer@0,orders@0"]
+    Engine(project, spark=spark).refresh()
+    result = sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.SkipReason) and "no source changed" in result.skip_message
+    # A new source version -> exactly one request, and not again for the same version.
+    orders = Engine(project).project.sources["orders"]
+    DeltaTable(orders).delete("o_orderkey = 4")
+    result = sensor(dg.build_sensor_context(instance=instance))
+    (request,) = result.run_requests
+    assert request.run_key == "epoch-2:customer@0,orders@1"
+    again = sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor))
+    assert isinstance(again, dg.SkipReason)
+
+
+@pytest.mark.spark
+def test_refresh_job_materializes_views(project: Path, spark) -> None:
+    defs = build_definitions(project)
+    job = defs.resolve_job_def(REFRESH_JOB)
+    instance = dg.DagsterInstance.ephemeral()
+    result = job.execute_in_process(instance=instance)
+    assert result.success
+    mats = {m.asset_key: m for m in result.asset_materializations_for_node("views__open_orders")}
+    meta = mats[view_key("open_orders")].metadata
+    assert meta["epoch"].value == 1 and meta["rows_inserted"].value == 20
+    assert meta["dagster/row_count"].value == 20
+    assert "Get source orders" in meta["explain"].value
+    # Change a source, run again: only the change flows, and views equal the oracle.
+    orders = Engine(project).project.sources["orders"]
+    DeltaTable(orders).update({"o_status": "'O'"}, predicate="o_orderkey = 3")
+    write_deltalake(orders, orders_table(range(30, 33)), mode="append")
+    result = job.execute_in_process(instance=instance)
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("views__open_orders")
+    assert mat.metadata["epoch"].value == 2
+    assert mat.metadata["rows_changed"].value == 3  # order 3 flips to open, +31, +32 (30 is F)
+    engine = Engine(project, spark=spark)
+    assert all(c.equal for c in compare_views(engine)), [
+        c.describe() for c in compare_views(engine)
+    ]
+    record = instance.get_latest_materialization_event(view_key("vip_open_orders"))
+    assert record.asset_materialization.metadata["epoch"].value == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graphql(port: int, query: str) -> dict:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.slow
+def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {**os.environ, "IVM_PROJECT": str(project), "DAGSTER_HOME": str(home)}
+    webserver = Path(sys.executable).parent / "dagster-webserver"
+    proc = subprocess.Popen(
+        [str(webserver), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        nodes = None
+        while time.monotonic() < deadline and nodes is None:
+            if proc.poll() is not None:
+                pytest.fail(f"webserver exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                data = _graphql(
+                    port, "{ assetNodes { assetKey { path } dependencyKeys { path } } }"
+                )
+                nodes = data["data"]["assetNodes"] or None
+            except (OSError, KeyError, TypeError):
+                time.sleep(1)
+        assert nodes, "webserver did not serve the asset graph in time"
+        deps = {
+            "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
+            for n in nodes
+        }
+        assert "sources/orders" in deps["views/open_orders"]
+        assert "views/open_orders" in deps["views/vip_open_orders"]
+        assert "sources/customer" in deps["views/customers_upper"]
+        assert "sources/orders" not in deps["views/customers_upper"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
