@@ -186,3 +186,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def entry() -> None:
+    """Console-script entry: exit without interpreter finalization.
+
+    Native thread pools (delta-rs's runtime, Arrow's) can abort with "terminate called
+    without an active exception" when Python tears them down at exit; everything the command
+    wrote is committed and flushed by then, so skip that teardown.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _spark_started():
+        from resources.spark import get_spark
+
+        get_spark().stop()
+    os._exit(code)
+
+
+def _spark_started() -> bool:
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None

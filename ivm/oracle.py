@@ -91,7 +91,7 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
 
             query = parse_view(view.sql, view.file).query
             con.execute(f'CREATE VIEW "{name}" AS {query.sql(dialect="duckdb")}')
-            out[name] = con.execute(f'SELECT * FROM "{name}"').to_arrow_table()
+            out[name] = con.sql(f'SELECT * FROM "{name}"').to_arrow_table()
         return out
     finally:
         con.close()
