@@ -337,7 +337,7 @@ class Engine:
     def _view_updates(self, plan: ViewPlan, done: int, target: int):
         """The view's updates in ``(done, target]``, consolidated per (data, time)."""
         from ops.consolidate import consolidate
-        from ops.ingest import source_changes, source_snapshot, view_changes, view_state
+        from ops.ingest import source_changes_once, source_snapshot, view_changes, view_state
         from ops.stateless import render
 
         spark = self.spark
@@ -370,7 +370,7 @@ class Engine:
                 rng = epochs[e].ranges.get(coll)
                 if rng is None:
                     raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
-                parts.append(source_changes(spark, source, rng[0], rng[1], e))
+                parts.append(source_changes_once(spark, source, rng[0], rng[1], e))
             df = parts[0]
             for p in parts[1:]:
                 df = df.unionByName(p)

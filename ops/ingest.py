@@ -16,6 +16,7 @@ All column names are lower-cased here, the case the planner uses.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import reduce
 
@@ -114,6 +115,28 @@ def source_changes(
         .withColumn(TIME, F.lit(epoch).cast("bigint"))
         .select(*[c.lower() for c in schema.names], TIME, DIFF)
     )
+
+
+_MEMO: OrderedDict[tuple, DataFrame] = OrderedDict()
+_MEMO_SIZE = 64
+
+
+def source_changes_once(
+    spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
+) -> DataFrame:
+    """:func:`source_changes`, read once per process for every view that needs it.
+
+    The change feed of ``(lower, upper]`` is fixed by the epoch record, so the DataFrame
+    built for the first view (for the CDF: delta-rs's read, handed to Spark) serves the rest.
+    """
+    key = (spark.sparkContext.applicationId, source.uri, lower, upper, epoch)
+    df = _MEMO.get(key)
+    if df is None:
+        df = source_changes(spark, source, lower, upper, epoch)
+        _MEMO[key] = df
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return df
 
 
 def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:

@@ -156,41 +156,56 @@ def apply_to_table(
     """
     columns = [c for c in net.columns if c != DIFF]
     schema = arrow_schema(net, columns)
+    cols = [F.col(f"`{c}`") for c in columns]
     net = net.persist()
+    merged: DataFrame | None = None
     try:
-        deletes = net.where(F.col(DIFF) < 0)
-        candidates = _candidate_files(spark, table_uri, deletes, columns)
-        cols = [F.col(f"`{c}`") for c in columns]
+        sizes = net.agg(
+            F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("inserted"),
+            F.sum(F.when(F.col(DIFF) < 0, -F.col(DIFF)).otherwise(0)).alias("deleted"),
+        ).collect()[0]
+        inserted, deleted = int(sizes["inserted"] or 0), int(sizes["deleted"] or 0)
+        # Only deletions need to find and rewrite existing files; insertions just append.
+        candidates = (
+            _candidate_files(spark, table_uri, net.where(F.col(DIFF) < 0), columns)
+            if deleted
+            else []
+        )
         if candidates:
             existing = read_files(spark, candidates, schema)
             counts = existing.groupBy(*cols).agg(F.count(F.lit(1)).alias(DIFF))
             merged = counts.unionByName(net).groupBy(*cols).agg(F.sum(DIFF).alias(DIFF))
+            merged = merged.persist()
+            agg = merged.agg(
+                F.min(DIFF).alias("lowest"),
+                F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("rows"),
+            ).collect()[0]
+            lowest, total_rows = agg["lowest"], int(agg["rows"] or 0)
+            source = merged
         else:
-            merged = net
-        merged = merged.persist()
-        agg = merged.agg(
-            F.min(DIFF).alias("lowest"),
-            F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("rows"),
-        ).collect()[0]
-        if agg["lowest"] is not None and agg["lowest"] < 0:
-            bad = merged.where(F.col(DIFF) < 0).limit(1).collect()[0].asDict()
+            lowest, total_rows, source = (-1 if deleted else None), inserted, net
+        if lowest is not None and lowest < 0:
+            bad = source.where(F.col(DIFF) < 0).limit(1).collect()
+            example = bad[0].asDict() if bad else {}
             raise InvariantViolation(
                 f"view {label!r} epoch {epoch}: deleting a row the table does not hold "
-                f"(multiplicity would be {bad.pop(DIFF)}): {bad}"
+                f"(multiplicity would be {example.pop(DIFF, '?')}): {example}"
             )
-        total_rows = int(agg["rows"] or 0)
         rows_out = (
-            merged.where(F.col(DIFF) > 0)
-            .select(*cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n"))
+            source.where(F.col(DIFF) > 0)
+            .select(
+                *cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n")
+            )
             .select(*cols)
         )
         n_files = max(1, math.ceil(total_rows / ROWS_PER_FILE))
-        if columns:
+        if columns and (candidates or n_files > 1):
             rows_out = rows_out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
+        elif columns:
+            rows_out = rows_out.coalesce(1).sortWithinPartitions(*cols)
         staged_uri = staging_uri(table_uri, epoch, "rows")
         rows_out.write.mode("errorifexists").parquet(staged_uri)
         staged = collect_staged(table_uri, staged_uri)
-        deleted = -int(net.where(F.col(DIFF) < 0).agg(F.sum(DIFF)).collect()[0][0] or 0)
         existing_rows = sum(f.num_records or 0 for f in candidates)
         if staged.rows != total_rows:
             raise InvariantViolation(
@@ -207,13 +222,14 @@ def apply_to_table(
             description=f"ivm view {label}: its current rows",
         )
         commit.rows, commit.bytes = staged.rows, staged.bytes
-        merged.unpersist()
         return TableChange(
             commit=commit,
-            inserted=total_rows - (existing_rows - deleted),
+            inserted=inserted,
             deleted=deleted,
             files_rewritten=len(candidates),
             rows_rewritten=existing_rows,
         )
     finally:
         net.unpersist()
+        if merged is not None:
+            merged.unpersist()
