@@ -71,7 +71,10 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
     )
     def epoch(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         engine = Engine(project, progress=context.log.info)
-        record = engine.mint_epoch()
+        rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
+        for view, reason in rebuilds.items():
+            context.log.info(f"view {view} will be rebuilt: {reason}")
+        record = engine.mint_epoch(force=bool(rebuilds))
         current = engine.latest_epoch()
         ranges = record.ranges if record else (engine.epochs()[-1].ranges if current else {})
         table = "\n".join(

@@ -2,7 +2,8 @@
 
 It reads only the Delta logs (no Spark): when some source's version is past the last epoch's,
 it requests a run whose key names the next epoch and the versions seen, so a tick that sees
-the same versions again requests nothing new (Dagster skips a repeated run key).
+the same versions again requests nothing new (Dagster skips a repeated run key). A view whose
+definition changed (so it must be rebuilt at a new epoch) also requests a run.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from ivm.engine import Engine
 def run_key(engine: Engine) -> str | None:
     """The run key for the pending epoch, or None when no source changed."""
     pending = engine.pending_changes()
-    if not pending:
+    rebuilds = sorted(v for v in engine.plan.order if engine.rebuild_reason(v))
+    if not pending and not rebuilds:
         return None
+    if not pending:  # a definition changed: rebuild at a new epoch
+        return f"epoch-{engine.latest_epoch() + 1}:rebuild:{','.join(rebuilds)}"
     versions = ",".join(f"{s}@{v}" for s, v in sorted(engine.source_versions().items()))
     return f"epoch-{engine.latest_epoch() + 1}:{versions}"
 

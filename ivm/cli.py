@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("refresh", help="run one epoch: bring every view up to date")
     r.add_argument("views", nargs="*", help="only these views (default: all)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
+    r.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="recompute the views (default: all) from their inputs' current state at a new "
+        "epoch; downstream views still receive only the changes",
+    )
     s = sub.add_parser("show", help="print a view's current rows")
     s.add_argument("view")
     s.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -110,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _refresh(engine: Any, args: argparse.Namespace) -> int:
-    report = engine.refresh(args.views or None)
+    report = engine.refresh(args.views or None, rebuild=args.rebuild)
     if args.json:
         print(
             json.dumps(

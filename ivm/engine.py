@@ -18,6 +18,7 @@ sources at the versions of epoch ``e``, and the readable table holds exactly tho
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -37,12 +38,16 @@ from resources.lake import (
     LakeLayout,
     SourceTable,
     append_epoch,
+    last_commit_metadata,
     now_utc,
     open_table,
     read_epochs,
 )
 
 log = logging.getLogger("ivm")
+
+LOG_START = "ivm.log_start"
+"""Commit metadata of a diff log: the epoch since which it holds the view's whole history."""
 
 Progress = Callable[[str], None]
 
@@ -58,7 +63,7 @@ class ViewResult:
     inserted: int = 0
     deleted: int = 0
     seconds: float = 0.0
-    status: str = "refreshed"  # refreshed | up-to-date | built | failed | skipped
+    status: str = "refreshed"  # refreshed | up-to-date | built | rebuilt | failed | skipped
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     log_files_read: int = 0
@@ -189,14 +194,20 @@ class Engine:
     def source_versions(self) -> dict[str, int]:
         return {name: s.version() for name, s in self.sources.items()}
 
-    def pending_changes(self) -> dict[str, tuple[int | None, int]]:
-        """Sources whose current version is past the last epoch: name -> (recorded, current)."""
+    def pending_changes(self, *, allow_reset: bool = False) -> dict[str, tuple[int | None, int]]:
+        """Sources whose current version is past the last epoch: name -> (recorded, current).
+
+        Raises:
+            SourceError: a source's version went backwards, unless ``allow_reset``.
+        """
         epochs = self.epochs()
         last = epochs[-1].ranges if epochs else {}
         out: dict[str, tuple[int | None, int]] = {}
         for name, version in self.source_versions().items():
             recorded = last.get(name, (None, None))[1] if name in last else None
             if recorded is None or version > recorded:
+                out[name] = (recorded, version)
+            elif version < recorded and allow_reset:
                 out[name] = (recorded, version)
             elif version < recorded:
                 raise SourceError(
@@ -206,19 +217,26 @@ class Engine:
                 )
         return out
 
-    def mint_epoch(self) -> EpochRecord | None:
-        """Record a new epoch if any source advanced (or is new); None when nothing changed."""
+    def mint_epoch(self, *, force: bool = False) -> EpochRecord | None:
+        """Record a new epoch if any source advanced (or is new); None when nothing changed.
+
+        Args:
+            force: mint one even if no source changed (a rebuild needs a new epoch to write
+                at). A source whose version went backwards (re-created, restored) then
+                re-enters from its snapshot instead of raising.
+        """
         while True:
             epochs = self.epochs()
             last = epochs[-1] if epochs else None
-            pending = self.pending_changes()
-            if not pending:
+            pending = self.pending_changes(allow_reset=force)
+            if not pending and not (force and last is not None):
                 return None
             ranges: dict[str, tuple[int | None, int]] = {}
             versions = self.source_versions()
             for name, version in versions.items():
                 prev = last.ranges.get(name) if last else None
-                ranges[name] = (prev[1] if prev else None, version)
+                lower = prev[1] if prev else None
+                ranges[name] = (None if lower is not None and version < lower else lower, version)
             record = EpochRecord((last.epoch if last else 0) + 1, ranges, now_utc())
             if append_epoch(self.layout, record):
                 changed = ", ".join(
@@ -240,23 +258,42 @@ class Engine:
             self._spark = get_spark(self.project.spark_conf)
         return self._spark
 
-    def refresh(self, views: Iterable[str] | None = None, *, mint: bool = True) -> RefreshReport:
+    def refresh(
+        self,
+        views: Iterable[str] | None = None,
+        *,
+        mint: bool = True,
+        rebuild: bool | Iterable[str] = False,
+    ) -> RefreshReport:
         """Mint an epoch if sources changed, then bring views (default: all) up to it.
+
+        Args:
+            views: the views to refresh (default: all).
+            mint: mint a new epoch first when sources changed (or a rebuild needs one).
+            rebuild: ``True`` to rebuild every selected view from its inputs' current state,
+                or the names of views to rebuild. Views whose definition changed are rebuilt
+                without being asked. A rebuild writes, at a new epoch, the difference between
+                the fresh result and the stored one, so downstream still receives changes.
 
         One failing view does not stop the others; views that read it are skipped (they wait
         rather than read partial data) and the report says why.
         """
         started = time.perf_counter()
         plan = self.plan  # plan first: invalid SQL must fail before anything is written
-        minted = self.mint_epoch() if mint else None
         names = [self.view(v).name for v in views] if views is not None else list(plan.order)
+        if rebuild is True:
+            asked = set(names)
+        else:
+            asked = {self.view(v).name for v in (rebuild or [])}
+        needs = {n for n in names if n in asked or self.rebuild_reason(n)}
+        minted = self.mint_epoch(force=bool(needs)) if mint else None
         selected = set(names)
         results: list[ViewResult] = []
         broken: dict[str, str] = {}
-        for name in self.plan.order:
+        for name in plan.order:
             if name not in selected:
                 continue
-            blocked = [u for u in self.plan.views[name].view_inputs if u in broken]
+            blocked = [u for u in plan.views[name].view_inputs if u in broken]
             if blocked:
                 r = ViewResult(name, 0, 0, status="skipped")
                 r.error = f"waits for view {blocked[0]!r}, which failed"
@@ -265,7 +302,7 @@ class Engine:
                 self.progress(f"{name}: skipped ({r.error})")
                 continue
             try:
-                results.append(self.refresh_view(name))
+                results.append(self.refresh_view(name, rebuild=name in asked))
             except IvmError as e:
                 broken[name] = str(e)
                 results.append(ViewResult(name, 0, 0, status="failed", error=str(e)))
@@ -279,8 +316,43 @@ class Engine:
             target = min(target, self.table_epoch(self.layout.view_table(upstream)))
         return target
 
-    def refresh_view(self, name: str) -> ViewResult:
-        """Bring one view to :meth:`target_epoch`; idempotent per epoch (see module doc)."""
+    def _definition(self, plan: ViewPlan) -> dict[str, str]:
+        """What a view's commits record about the definition they were computed with."""
+        inputs = {u: self.plan.views[u].sql_hash for u in plan.view_inputs}
+        return {
+            "ivm.view": plan.name,
+            "ivm.sql_hash": plan.sql_hash,
+            "ivm.inputs": json.dumps(inputs, sort_keys=True),
+        }
+
+    def _stale_definition(self, uri: str, plan: ViewPlan) -> str | None:
+        """Why the table at ``uri`` was computed with another definition, or None."""
+        info = last_commit_metadata(uri, "ivm.sql_hash")
+        if info is None:
+            return None
+        if info["ivm.sql_hash"] != plan.sql_hash:
+            return "its SQL changed"
+        recorded = json.loads(info.get("ivm.inputs", "{}"))
+        for upstream in plan.view_inputs:
+            if recorded.get(upstream) != self.plan.views[upstream].sql_hash:
+                return f"upstream view {upstream!r} was redefined"
+        return None
+
+    def rebuild_reason(self, name: str) -> str | None:
+        """Why a view must be rebuilt before it can continue incrementally, or None."""
+        return self._stale_definition(self.layout.view_log(name), self.view(name))
+
+    def refresh_view(self, name: str, *, rebuild: bool = False) -> ViewResult:
+        """Bring one view to :meth:`target_epoch`; idempotent per epoch (see module doc).
+
+        Args:
+            name: the view.
+            rebuild: recompute it from its inputs' state at the target epoch even if its
+                definition did not change (a definition change always rebuilds).
+
+        Raises:
+            IvmError: a rebuild is due but no epoch is newer than the view's (mint one).
+        """
         from ops.sink import append_updates, apply_to_table
 
         plan = self.view(name)
@@ -289,24 +361,47 @@ class Engine:
         log_done, table_done = self.table_epoch(log_uri), self.table_epoch(table_uri)
         target = self.target_epoch(plan)
         result = ViewResult(name, target, table_done)
+        reason = "rebuild requested" if rebuild else self.rebuild_reason(name)
+        if reason and log_done >= target:
+            raise IvmError(
+                f"view {name!r} must be rebuilt ({reason}), which needs an epoch newer than "
+                f"{log_done}: run `ivm --project {self.project.root} refresh` (it mints one) "
+                "or materialize ivm/epoch first"
+            )
         if target == 0 or (log_done >= target and table_done >= target):
             result.epoch = max(table_done, target)
             result.status = "up-to-date"
             result.seconds = time.perf_counter() - started
             self.progress(f"{name}: up to date at epoch {result.epoch}")
             return result
-        meta = {"ivm.view": name, "ivm.sql_hash": plan.sql_hash}
+        meta = self._definition(plan)
+        log_start = self._log_start(log_uri)
         if log_done < target:
             t0 = time.perf_counter()
-            updates = self._view_updates(plan, log_done, target)
+            overwrite = False
+            if reason and log_done > 0:
+                self.progress(f"{name}: rebuilding at epoch {target} ({reason})")
+                updates, overwrite = self._rebuild_updates(plan, log_done, target)
+                result.status = "rebuilt"
+            else:
+                updates = self._view_updates(plan, log_done, target)
+                result.status = "built" if log_done == 0 else "refreshed"
+            if overwrite or log_done == 0:
+                log_start = target
             commit = append_updates(
-                updates, log_uri, app_id=self.app_id(log_uri), epoch=target, metadata=meta
+                updates,
+                log_uri,
+                app_id=self.app_id(log_uri),
+                epoch=target,
+                metadata={**meta, LOG_START: str(log_start)},
+                overwrite=overwrite,
             )
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
-            result.status = "built" if log_done == 0 else "refreshed"
         t0 = time.perf_counter()
-        net, files = self._net_change(plan, table_done, target)
+        # A log that started anew after the table's epoch (new columns) rewrites the table.
+        table_stale = 0 < table_done < log_start
+        net, files = self._net_change(plan, -1 if table_stale else table_done, target)
         result.log_files_read = files
         change = apply_to_table(
             self.spark,
@@ -316,6 +411,7 @@ class Engine:
             epoch=target,
             metadata=meta,
             label=name,
+            overwrite=table_stale,
         )
         result.timings["table"] = time.perf_counter() - t0
         result.commit_versions["table"] = change.commit.version
@@ -328,6 +424,47 @@ class Engine:
             f"({result.seconds:.2f}s)"
         )
         return result
+
+    def _log_start(self, log_uri: str) -> int:
+        """The epoch since which the diff log holds the view's whole history (0: no log)."""
+        info = last_commit_metadata(log_uri, LOG_START)
+        return int(info[LOG_START]) if info else 0
+
+    def _rebuild_updates(self, plan: ViewPlan, log_done: int, target: int):
+        """Updates that take the stored view (at ``log_done``) to a fresh computation at ``target``.
+
+        Returns:
+            ``(updates, overwrite)``: with unchanged columns, the difference ``fresh - stored``
+            at time ``target`` (appended to the log); with changed columns, the fresh contents
+            alone, to replace the log's history.
+        """
+        from pyspark.sql import functions as F
+
+        from ops import DIFF, TIME
+        from ops.consolidate import consolidate
+        from ops.ingest import view_state
+        from ops.sink import arrow_schema, same_columns
+
+        fresh = self._view_updates(plan, 0, target)
+        log_uri, table_uri = self.layout.view_log(plan.name), self.layout.view_table(plan.name)
+        stored_schema = self._schema(log_uri)
+        if not same_columns(arrow_schema(fresh), stored_schema):
+            self.progress(f"{plan.name}: columns changed; the diff log starts anew")
+            return fresh, True
+        table_epoch = self.table_epoch(table_uri)
+        stored = view_state(
+            self.spark,
+            table_uri,
+            self._schema(table_uri),
+            log_uri,
+            stored_schema,
+            log_done,
+            table_epoch if table_epoch >= self._log_start(log_uri) else -1,
+        )
+        retract = stored.withColumn(DIFF, -F.col(DIFF)).withColumn(
+            TIME, F.lit(target).cast("bigint")
+        )
+        return consolidate(fresh.unionByName(retract), plan.columns), False
 
     # -- inputs -------------------------------------------------------------------------------
 

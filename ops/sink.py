@@ -54,6 +54,16 @@ def arrow_schema(df: DataFrame, columns: Sequence[str] | None = None) -> pa.Sche
     return schema
 
 
+def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    """Same column names and types (nullability and Arrow's string flavours aside)."""
+    from resources.lake import spark_compatible_type
+
+    def norm(s: pa.Schema) -> list[tuple[str, pa.DataType]]:
+        return [(f.name, spark_compatible_type(f.type)) for f in s]
+
+    return norm(a) == norm(b)
+
+
 def append_updates(
     updates: DataFrame,
     log_uri: str,
@@ -61,8 +71,12 @@ def append_updates(
     app_id: str,
     epoch: int,
     metadata: Mapping[str, str],
+    overwrite: bool = False,
 ) -> CommitResult:
     """Write consolidated updates as new files of the diff log and commit them once.
+
+    ``overwrite`` replaces the log's whole history (and schema) by these updates, in one
+    commit: used when a view's definition changed its columns.
 
     The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
@@ -78,6 +92,7 @@ def append_updates(
         adds=staged.adds,
         metadata=metadata,
         description="ivm diff log: the view's updates (columns..., _time, _diff)",
+        overwrite=overwrite,
     )
     result.rows, result.bytes = staged.rows, staged.bytes
     return result
@@ -143,6 +158,7 @@ def apply_to_table(
     epoch: int,
     metadata: Mapping[str, str],
     label: str,
+    overwrite: bool = False,
 ) -> TableChange:
     """Apply a net change ``(columns..., _diff)`` (consolidated, no zeros) to a readable table.
 
@@ -150,6 +166,7 @@ def apply_to_table(
         net: the change, one row per distinct data with its net diff.
         table_uri: the readable table (created if missing).
         label: the view's name, for messages.
+        overwrite: ``net`` is the whole new contents; replace every file in one commit.
 
     Raises:
         InvariantViolation: a row would be deleted more times than the table holds it.
@@ -168,7 +185,7 @@ def apply_to_table(
         # Only deletions need to find and rewrite existing files; insertions just append.
         candidates = (
             _candidate_files(spark, table_uri, net.where(F.col(DIFF) < 0), columns)
-            if deleted
+            if deleted and not overwrite
             else []
         )
         if candidates:
@@ -193,9 +210,7 @@ def apply_to_table(
             )
         rows_out = (
             source.where(F.col(DIFF) > 0)
-            .select(
-                *cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n")
-            )
+            .select(*cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n"))
             .select(*cols)
         )
         n_files = max(1, math.ceil(total_rows / ROWS_PER_FILE))
@@ -220,6 +235,7 @@ def apply_to_table(
             removes=[remove_action(table_uri, f) for f in candidates],
             metadata=metadata,
             description=f"ivm view {label}: its current rows",
+            overwrite=overwrite,
         )
         commit.rows, commit.bytes = staged.rows, staged.bytes
         return TableChange(

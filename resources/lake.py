@@ -229,7 +229,7 @@ class SourceTable:
         try:
             reader = dt.load_cdf(starting_version=lower + 1, ending_version=upper)
             raw = pa.RecordBatchReader.from_stream(reader).read_all()
-        except (DeltaError, OSError) as e:
+        except (DeltaError, OSError, pa.ArrowException) as e:
             raise ChangeFeedError(
                 f"source {self.name!r} ({self.uri}): the change data of versions "
                 f"{lower + 1}..{upper} is no longer readable ({_first_line(e)}); rebuild the "
@@ -535,14 +535,17 @@ def commit_files(
     removes: Sequence[RemoveAction] = (),
     metadata: Mapping[str, str] | None = None,
     description: str | None = None,
+    overwrite: bool = False,
     max_retries: int = 5,
 ) -> CommitResult:
     """Commit files to a table in one transaction carrying ``txn(app_id, epoch)``, once.
 
     Idempotent: if the table already records ``epoch`` (or later) for ``app_id`` nothing is
     committed and ``committed`` is False; the staged files stay uncommitted for vacuum. The
-    table is created by the first commit. On a conflict with a concurrent writer the check is
-    repeated and the commit retried up to ``max_retries`` times.
+    table is created by the first commit. ``overwrite`` replaces every file (and the schema)
+    in the same single commit, so readers see the old contents or the new, never a mix. On a
+    conflict with a concurrent writer the check is repeated and the commit retried up to
+    ``max_retries`` times.
 
     Raises:
         CommitConflictError: still conflicting after all retries.
@@ -576,7 +579,10 @@ def commit_files(
                         result.version = dt.version()
                         break
                     dt.create_write_transaction(
-                        [*adds, *removes], mode="append", schema=schema, commit_properties=props
+                        [*adds, *removes],
+                        mode="overwrite" if overwrite else "append",
+                        schema=schema,
+                        commit_properties=props,
                     )
             except CommitFailedError:
                 time.sleep(0.05 * (attempt + 1))
@@ -637,6 +643,17 @@ def table_file_stats(table_uri: str, columns: Sequence[str]) -> list[FileStats]:
                 fs.maxs[c] = row[f"max.{c}"]
         out.append(fs)
     return out
+
+
+def last_commit_metadata(table_uri: str, key: str, depth: int = 50) -> dict[str, Any] | None:
+    """The newest commit info (within ``depth`` commits) that carries ``key``, or None."""
+    dt = open_table(table_uri)
+    if dt is None:
+        return None
+    for info in dt.history(depth):
+        if key in info:
+            return info
+    return None
 
 
 def now_utc() -> datetime:

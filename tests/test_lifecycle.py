@@ -1,0 +1,201 @@
+"""A view's life on the real stack: exactly-once commits across a crash, reruns that write
+nothing, definition changes and rebuilds, sources without CDF or past their retention, and
+tables that other readers open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+import ops.sink
+from ivm.engine import Engine
+from ivm.errors import ChangeFeedError
+from ivm.oracle import compare_views, log_multiset, table_multiset
+from resources.lake import commit_files
+
+pytestmark = pytest.mark.spark
+
+T = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("v", pa.int64())])
+
+
+def rows(*triples) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(T.names, t, strict=True)) for t in triples], schema=T)
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> str:
+    path = str(tmp_path / "src")
+    write_deltalake(
+        path,
+        rows((1, "a", 10), (2, "a", 20), (3, "b", 30), (3, "b", 30)),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    return path
+
+
+VIEWS = {
+    "big": "CREATE VIEW big AS SELECT k, grp, v * 2 AS v2 FROM src WHERE v > 10",
+    "big_a": "CREATE VIEW big_a AS SELECT k, v2 FROM big WHERE grp = 'a'",
+}
+
+
+def assert_correct(engine: Engine) -> None:
+    for c in compare_views(engine):
+        assert c.equal, c.describe()
+        assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
+
+
+def commits_for_epoch(uri: str, epoch: int) -> int:
+    return sum(1 for h in DeltaTable(uri).history() if h.get("ivm.epoch") == str(epoch))
+
+
+def test_crash_between_log_and_table_commit_is_exactly_once(
+    spark, make_project, src, monkeypatch
+) -> None:
+    engine = Engine(make_project(VIEWS, {"src": src}), spark=spark)
+    assert engine.refresh().ok
+    DeltaTable(src).delete("k = 2")
+    write_deltalake(src, rows((4, "a", 40)), mode="append")
+
+    real = ops.sink.apply_to_table
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash after the log commit")
+
+    monkeypatch.setattr(ops.sink, "apply_to_table", crash)
+    assert engine.mint_epoch() is not None
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        engine.refresh_view("big")
+    assert engine.table_epoch(engine.layout.view_log("big")) == 2
+    assert engine.table_epoch(engine.layout.view_table("big")) == 1
+    monkeypatch.setattr(ops.sink, "apply_to_table", real)
+
+    report = Engine(engine.project, spark=spark).refresh()
+    assert report.ok and report.minted is None  # the epoch was minted once, before the crash
+    assert commits_for_epoch(engine.layout.view_log("big"), 2) == 1
+    assert commits_for_epoch(engine.layout.view_table("big"), 2) == 1
+    assert_correct(engine)
+
+
+def test_rerunning_a_committed_epoch_writes_nothing(spark, make_project, src) -> None:
+    engine = Engine(make_project(VIEWS, {"src": src}), spark=spark)
+    engine.refresh()
+    table = engine.layout.view_table("big")
+    before = DeltaTable(table).version()
+    again = commit_files(
+        table, app_id=engine.app_id(table), epoch=1, schema=pa.schema([("k", pa.int64())])
+    )
+    assert not again.committed and DeltaTable(table).version() == before
+    report = engine.refresh()
+    assert [v.status for v in report.views] == ["up-to-date", "up-to-date"]
+    assert DeltaTable(table).version() == before
+
+
+def test_view_definition_change_rebuilds_with_changes_downstream(spark, make_project, src) -> None:
+    root = make_project(VIEWS, {"src": src})
+    engine = Engine(root, spark=spark)
+    engine.refresh()
+    # Same columns, new filter: the log gets the difference; downstream just consumes it.
+    (root / "views" / "big.sql").write_text(
+        "CREATE VIEW big AS SELECT k, grp, v * 2 AS v2 FROM src WHERE v > 15"
+    )
+    engine = Engine(root, spark=spark)
+    assert engine.rebuild_reason("big") == "its SQL changed"
+    assert engine.rebuild_reason("big_a") == "upstream view 'big' was redefined"
+    report = engine.refresh()
+    assert report.ok and report.minted is not None
+    statuses = {v.view: v.status for v in report.views}
+    assert statuses == {"big": "rebuilt", "big_a": "rebuilt"}
+    big = next(v for v in report.views if v.view == "big")
+    assert (big.inserted, big.deleted) == (0, 0)  # 10 was already filtered out: no change
+    assert_correct(engine)
+    # New columns: the log starts anew, the table is replaced in one commit.
+    (root / "views" / "big.sql").write_text(
+        "CREATE VIEW big AS SELECT k, grp, v * 2 AS v2, upper(grp) AS g FROM src WHERE v > 25"
+    )
+    engine = Engine(root, spark=spark)
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    assert engine.read_view("big").column_names == ["k", "grp", "v2", "g"]
+    assert_correct(engine)
+    # And it continues incrementally.
+    write_deltalake(src, rows((5, "a", 50)), mode="append")
+    report = Engine(root, spark=spark).refresh()
+    assert {v.view: v.status for v in report.views} == {"big": "refreshed", "big_a": "refreshed"}
+    assert_correct(engine)
+
+
+def test_source_without_cdf_accepts_appends_and_explains_deletes(
+    spark, make_project, tmp_path
+) -> None:
+    path = str(tmp_path / "plain")
+    write_deltalake(path, rows((1, "a", 11), (2, "b", 22)))
+    engine = Engine(make_project(VIEWS, {"src": path}), spark=spark)
+    assert engine.refresh().ok
+    write_deltalake(path, rows((3, "a", 33)), mode="append")
+    assert engine.refresh().ok
+    assert_correct(engine)
+    DeltaTable(path).delete("k = 1")
+    report = engine.refresh()
+    (failure, skipped) = report.views
+    assert failure.status == "failed" and skipped.status == "skipped"
+    assert "delta.enableChangeDataFeed" in failure.error and "'src'" in failure.error
+    assert "versions 2..2" in failure.error
+
+
+def test_vacuumed_change_range_is_an_error_then_rebuild_recovers(spark, make_project, src) -> None:
+    engine = Engine(make_project(VIEWS, {"src": src}), spark=spark)
+    engine.refresh()
+    write_deltalake(src, rows((7, "a", 70)), mode="append")  # CDF of an append: the file itself
+    DeltaTable(src).delete("k = 2")
+    DeltaTable(src).optimize.compact()
+    DeltaTable(src).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    report = engine.refresh()
+    assert not report.ok
+    error = report.views[0].error
+    assert "no longer readable" in error and "versions 1..5" in error and "--rebuild" in error
+    with pytest.raises(ChangeFeedError):
+        engine.refresh_view("big")
+    report = engine.refresh(rebuild=True)
+    assert report.ok, [v.error for v in report.views]
+    assert_correct(engine)
+
+
+def test_view_tables_open_in_other_readers(spark, make_project, src) -> None:
+    engine = Engine(make_project(VIEWS, {"src": src}), spark=spark)
+    engine.refresh()
+    table = DeltaTable(engine.layout.view_table("big"))
+    assert table.to_pyarrow_table().num_rows == 3  # k=3 twice: a multiset
+    con = duckdb.connect()
+    con.register("big", table.to_pyarrow_dataset())
+    assert con.sql("SELECT k, count(*) FROM big GROUP BY k ORDER BY k").fetchall() == [
+        (2, 1),
+        (3, 2),
+    ]
+    # DuckDB reading the Parquet files the Delta log lists, with the stats we wrote.
+    files = table.file_uris()
+    assert con.sql(f"SELECT count(*) FROM read_parquet({files!r})").fetchall() == [(3,)]
+    stats = pa.table(table.get_add_actions(flatten=True)).to_pydict()
+    assert stats["min.k"] == [2] and stats["max.k"] == [3] and stats["num_records"] == [3]
+    log = DeltaTable(engine.layout.view_log("big"))
+    assert log.transaction_version(engine.app_id(engine.layout.view_log("big"))) == 1
+
+
+def test_partitioned_source(spark, make_project, tmp_path) -> None:
+    path = str(tmp_path / "part")
+    write_deltalake(
+        path,
+        rows((1, "a", 11), (2, "b", 22), (3, None, 33)),
+        partition_by=["grp"],
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    engine = Engine(make_project(VIEWS, {"src": path}), spark=spark)
+    assert engine.refresh().ok
+    write_deltalake(path, rows((4, "a", 44), (5, "c", 55)), mode="append", partition_by=["grp"])
+    DeltaTable(path).delete("k = 2")
+    assert engine.refresh().ok
+    assert_correct(engine)
