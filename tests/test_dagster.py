@@ -22,6 +22,7 @@ from assets.views import EPOCH_KEY, source_key, view_key
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import REFRESH_JOB
 from ivm.engine import Engine
+from ivm.errors import ConfigError
 from ivm.oracle import compare_views
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,6 +103,39 @@ def test_sensor_requests_one_run_per_new_version(project: Path, spark) -> None:
     assert request.run_key == "epoch-2:customer@0,orders@1"
     again = sensor(dg.build_sensor_context(instance=instance, cursor=result.cursor))
     assert isinstance(again, dg.SkipReason)
+
+
+def test_schedule_requests_the_refresh_job(project: Path) -> None:
+    defs = build_definitions(project)
+    schedule = defs.resolve_schedule_def("ivm_refresh_schedule")
+    assert schedule.job_name == REFRESH_JOB
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    with dg.build_schedule_context(instance=dg.DagsterInstance.ephemeral()) as context:
+        (request,) = schedule.evaluate_tick(context).run_requests
+    assert request.job_name in (None, REFRESH_JOB)
+
+
+def test_dagster_cli_validates_workspace(project: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "IVM_PROJECT": str(project), "DAGSTER_HOME": str(tmp_path)}
+    dagster = Path(sys.executable).parent / "dagster"
+    proc = subprocess.run(
+        [str(dagster), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_definitions_without_project_say_what_to_do(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("IVM_PROJECT", raising=False)
+    import dagster_project.definitions as module
+
+    monkeypatch.setattr(module, "DEMO_PROJECT", tmp_path / "nope" / "ivm.toml")
+    with pytest.raises(ConfigError, match="IVM_PROJECT"):
+        module.defs()
 
 
 @pytest.mark.spark
