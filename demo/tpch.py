@@ -84,7 +84,7 @@ def apply_change_batch(sources: dict[str, str], fraction: float, seed: int = 1) 
     rng = random.Random(seed)
     orders_dt = DeltaTable(sources["orders"])
     orders = orders_dt.to_pyarrow_table(columns=["o_orderkey"])
-    keys = orders.column("o_orderkey").to_pylist()
+    keys = sorted(orders.column("o_orderkey").to_pylist())
     n = max(1, int(len(keys) * fraction))
     picked = rng.sample(keys, 3 * n)
     copy_keys, delete_keys, update_keys = picked[:n], picked[n : 2 * n], picked[2 * n :]
@@ -122,7 +122,9 @@ def apply_change_batch(sources: dict[str, str], fraction: float, seed: int = 1) 
         {"l_discount": "CAST(0.10 AS DECIMAL(15,2))"}, predicate=_in_list("l_orderkey", update_keys)
     )
     cust = DeltaTable(sources["customer"]).to_pyarrow_table(columns=["c_custkey"])
-    ckeys = rng.sample(cust.column("c_custkey").to_pylist(), max(1, int(cust.num_rows * fraction)))
+    ckeys = rng.sample(
+        sorted(cust.column("c_custkey").to_pylist()), max(1, int(cust.num_rows * fraction))
+    )
     DeltaTable(sources["customer"]).update(
         {"c_acctbal": "c_acctbal - CAST(1000.00 AS DECIMAL(15,2))"},
         predicate=_in_list("c_custkey", ckeys),
