@@ -31,9 +31,11 @@ import pyarrow as pa
 from ivm.config import Project, load_project
 from ivm.errors import InvariantViolation, IvmError, SourceError, ViewNotFoundError
 from ivm.plan.explain import explain
+from ivm.plan.join import ArrangementKey
 from ivm.plan.planner import ProjectPlan, ViewPlan, plan_views
 from ivm.sql.parse import parse_view_file
 from resources.lake import (
+    CommitResult,
     EpochRecord,
     LakeLayout,
     SourceTable,
@@ -70,6 +72,7 @@ class ViewResult:
     files_rewritten: int = 0
     table_rows: int | None = None
     commit_versions: dict[str, int | None] = field(default_factory=dict)
+    lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata (for Dagster and JSON output)."""
@@ -83,6 +86,11 @@ class ViewResult:
             "status": self.status,
             "files_rewritten": self.files_rewritten,
             **{f"seconds_{k}": round(v, 3) for k, v in self.timings.items()},
+            **{
+                f"arrangement {name}: {k}": v
+                for name, st in self.lookups.items()
+                for k, v in st.as_dict().items()
+            },
         }
 
 
@@ -147,7 +155,7 @@ class Engine:
             raise ViewNotFoundError(f"unknown view {name!r} (views: {known})") from None
 
     def explain(self, name: str) -> str:
-        return explain(self.view(name))
+        return explain(self.view(name), self.plan)
 
     # -- state (no Spark) ---------------------------------------------------------------------
 
@@ -384,7 +392,9 @@ class Engine:
                 updates, overwrite = self._rebuild_updates(plan, log_done, target)
                 result.status = "rebuilt"
             else:
-                updates = self._view_updates(plan, log_done, target)
+                lookups: dict = {}
+                updates = self._view_updates(plan, log_done, target, lookups)
+                result.lookups = lookups
                 result.status = "built" if log_done == 0 else "refreshed"
             if overwrite or log_done == 0:
                 log_start = target
@@ -430,7 +440,7 @@ class Engine:
         info = last_commit_metadata(log_uri, LOG_START)
         return int(info[LOG_START]) if info else 0
 
-    def _rebuild_updates(self, plan: ViewPlan, log_done: int, target: int):
+    def _rebuild_updates(self, plan: ViewPlan, log_done: int, target: int):  # noqa: C901
         """Updates that take the stored view (at ``log_done``) to a fresh computation at ``target``.
 
         Returns:
@@ -471,48 +481,152 @@ class Engine:
     def _epoch_map(self) -> dict[int, EpochRecord]:
         return {e.epoch: e for e in self.epochs()}
 
-    def _view_updates(self, plan: ViewPlan, done: int, target: int):
-        """The view's updates in ``(done, target]``, consolidated per (data, time)."""
-        from ops.consolidate import consolidate
+    def _collection_updates(self, coll: str, done: int, target: int):
+        """A source's or view's updates in ``(done, target]``; its snapshot at ``target``
+        (as updates at ``target``) when ``done`` is 0."""
         from ops.ingest import source_changes_once, source_snapshot, view_changes, view_state
-        from ops.stateless import render
 
         spark = self.spark
-        epochs = self._epoch_map()
-        inputs = {}
-        for coll in plan.inputs:
-            if coll in self.plan.views:
-                up_log, up_table = self.layout.view_log(coll), self.layout.view_table(coll)
-                log_schema = self._schema(up_log)
-                if done == 0:
-                    inputs[coll] = view_state(
-                        spark,
-                        up_table,
-                        self._schema(up_table),
-                        up_log,
-                        log_schema,
-                        target,
-                        self.table_epoch(up_table),
-                    )
-                else:
-                    inputs[coll], _ = view_changes(spark, up_log, log_schema, done, target)
-                continue
-            source = self.sources[coll]
+        if coll in self.plan.views:
+            up_log, up_table = self.layout.view_log(coll), self.layout.view_table(coll)
+            log_schema = self._schema(up_log)
             if done == 0:
-                upper = epochs[target].ranges[coll][1]
-                inputs[coll] = source_snapshot(spark, source, upper, target)
-                continue
-            parts = []
-            for e in range(done + 1, target + 1):
-                rng = epochs[e].ranges.get(coll)
-                if rng is None:
-                    raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
-                parts.append(source_changes_once(spark, source, rng[0], rng[1], e))
-            df = parts[0]
-            for p in parts[1:]:
-                df = df.unionByName(p)
-            inputs[coll] = df
-        return consolidate(render(plan.root, inputs), plan.columns)
+                return view_state(
+                    spark,
+                    up_table,
+                    self._schema(up_table),
+                    up_log,
+                    log_schema,
+                    target,
+                    self.table_epoch(up_table),
+                )
+            return view_changes(spark, up_log, log_schema, done, target)[0]
+        epochs = self._epoch_map()
+        source = self.sources[coll]
+        if done == 0:
+            return source_snapshot(spark, source, epochs[target].ranges[coll][1], target)
+        parts = []
+        for e in range(done + 1, target + 1):
+            rng = epochs[e].ranges.get(coll)
+            if rng is None:
+                raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
+            parts.append(source_changes_once(spark, source, rng[0], rng[1], e))
+        df = parts[0]
+        for p in parts[1:]:
+            df = df.unionByName(p)
+        return df
+
+    def _view_updates(self, plan: ViewPlan, done: int, target: int, stats=None):
+        """The view's updates in ``(done, target]``, consolidated per (data, time).
+
+        From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
+        by delta paths whose lookups read the shared arrangements (refreshed first).
+        """
+        from functools import partial
+
+        from ops.consolidate import consolidate
+        from ops.join import render_join_delta
+        from ops.stateless import render
+
+        for arrangement in self.plan.arrangements_of(plan.name):
+            self.refresh_arrangement(arrangement.key)
+        inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
+        delta_join = None
+        if done > 0 and plan.joins:
+            lookup = partial(self._lookup, stats=stats if stats is not None else {})
+            delta_join = partial(render_join_delta, lookup=lookup, old=done, new=target)
+        return consolidate(render(plan.root, inputs, delta_join), plan.columns)
+
+    # -- arrangements ---------------------------------------------------------------------------
+
+    def arrangement_uri(self, key: ArrangementKey) -> str:
+        return f"{self.layout.root}/arrangements/{key.name}"
+
+    def collection_epoch(self, coll: str) -> int:
+        """The newest epoch whose updates a collection can give: sources, the latest epoch;
+        views, what their diff log holds."""
+        if coll in self.plan.views:
+            return self.table_epoch(self.layout.view_log(coll))
+        return self.latest_epoch()
+
+    def refresh_arrangement(self, key: ArrangementKey) -> CommitResult | None:
+        """Bring an arrangement up to its collection's epoch; idempotent per epoch.
+
+        A new arrangement, or one whose readers now need other columns, is (re)built from
+        the collection's snapshot at ``since`` = the oldest epoch any existing reader still
+        reads at (its "old" time), plus the updates after it, so every reader's lookups at
+        its old and new times stay exact.
+        """
+        from pyspark.sql import functions as F
+
+        from ops import DIFF, TIME
+        from ops.arrange import write_updates
+        from ops.consolidate import consolidate
+
+        aplan = self.plan.arrangements[key]
+        uri = self.arrangement_uri(key)
+        target = self.collection_epoch(key.collection)
+        done = self.table_epoch(uri)
+        if target == 0 or done >= target:
+            return None
+        info = last_commit_metadata(uri, "ivm.columns")
+        rebuild = info is None or json.loads(info["ivm.columns"]) != list(aplan.columns)
+        cols = [F.col(f"`{c}`") for c in aplan.columns]
+        if rebuild:
+            readers = [self.table_epoch(self.layout.view_log(v)) for v in aplan.users]
+            since = min([r for r in readers if r > 0] + [target])
+            updates = self._collection_updates(key.collection, 0, since)
+            if since < target:
+                updates = updates.unionByName(
+                    self._collection_updates(key.collection, since, target)
+                )
+        else:
+            since = int(info["ivm.since"])
+            updates = self._collection_updates(key.collection, done, target)
+        updates = consolidate(updates.select(*cols, TIME, DIFF), aplan.columns)
+        started = time.perf_counter()
+        result = write_updates(
+            updates,
+            uri,
+            key.key,
+            app_id=self.app_id(uri),
+            epoch=target,
+            metadata={
+                "ivm.arrangement": key.name,
+                "ivm.columns": json.dumps(list(aplan.columns)),
+                "ivm.since": str(since),
+            },
+            overwrite=rebuild and done > 0,
+            rows_hint=self._rows_hint(key.collection) if rebuild else None,
+        )
+        self.progress(
+            f"arrangement {key}: {'built' if rebuild else 'appended'} {result.rows} updates "
+            f"at epoch {target} ({time.perf_counter() - started:.2f}s)"
+        )
+        return result
+
+    def _rows_hint(self, coll: str) -> int | None:
+        """Rough row count of a collection (from Delta stats), to size files."""
+        from resources.lake import table_files
+
+        uri = self.layout.view_table(coll) if coll in self.plan.views else self.sources[coll].uri
+        return sum(f.num_records or 0 for f in table_files(uri)) or None
+
+    def _lookup(self, stage, keys, as_of: int, *, stats: dict):
+        """Read an arrangement's state at ``as_of`` for the keys in ``keys`` (see ops.arrange)."""
+        from ops.arrange import LookupStats, lookup
+
+        uri = self.arrangement_uri(stage.arrangement)
+        info = last_commit_metadata(uri, "ivm.since")
+        since = int(info["ivm.since"]) if info else 0
+        if as_of < since:
+            raise InvariantViolation(
+                f"arrangement {stage.arrangement} holds updates since epoch {since}; a lookup "
+                f"at epoch {as_of} cannot be answered"
+            )
+        df, st = lookup(self.spark, uri, self._schema(uri), stage.arrangement.key, keys, as_of)
+        stats.setdefault(str(stage.arrangement), LookupStats()).add(st)
+        return df
 
     def _net_change(self, plan: ViewPlan, table_done: int, target: int):
         """The net change ``(columns..., _diff)`` the readable table needs, from the log."""

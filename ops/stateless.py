@@ -1,4 +1,4 @@
-"""Rendering of the stateless plan nodes (Get, Filter, Project, UnionAll) on update DataFrames.
+"""Rendering of plan nodes on update DataFrames: the stateless ones here, joins in ops.join.
 
 Each node is linear (see :mod:`ivm.plan.ir`), so it is applied to the updates directly: rows
 are mapped or dropped and ``_time``/``_diff`` are carried through untouched. The same function
@@ -8,14 +8,14 @@ incremental one (inputs = the epoch's updates): one code path, two uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from ivm.plan.ir import Filter, Get, Node, Project, UnionAll
+from ivm.plan.ir import Filter, Get, Join, Node, Project, UnionAll
 from ivm.sql.parse import DIALECT
 from ops import DIFF, TIME
 
@@ -25,30 +25,41 @@ def spark_sql(e: exp.Expression) -> str:
     return e.sql(dialect=DIALECT, identify=True)
 
 
-def render(node: Node, inputs: Mapping[str, DataFrame]) -> DataFrame:
+JoinRenderer = Callable[[Join, Mapping[str, DataFrame]], DataFrame]
+
+
+def render(
+    node: Node, inputs: Mapping[str, DataFrame], join: JoinRenderer | None = None
+) -> DataFrame:
     """The updates of ``node`` given the updates of every collection it reads.
 
     Args:
-        node: a stateless plan.
+        node: a plan.
         inputs: collection name -> DataFrame ``(columns..., _time, _diff)``.
+        join: how to render a Join: by delta paths (incremental); default, from scratch
+            (``inputs`` are then snapshots).
 
     Returns:
         DataFrame ``(node.columns..., _time, _diff)``.
     """
+    if isinstance(node, Join):
+        from ops.join import render_join_snapshot
+
+        return join(node, inputs) if join is not None else render_join_snapshot(node, inputs)
     if isinstance(node, Get):
         df = inputs[node.collection]
         return df.select(*[F.col(f"`{c}`") for c in node.columns], TIME, DIFF)
     if isinstance(node, Filter):
-        return render(node.input, inputs).where(F.expr(spark_sql(node.predicate)))
+        return render(node.input, inputs, join).where(F.expr(spark_sql(node.predicate)))
     if isinstance(node, Project):
-        df = render(node.input, inputs)
+        df = render(node.input, inputs, join)
         cols = [F.expr(spark_sql(e)).alias(name) for name, e in node.outputs]
         return df.select(*cols, TIME, DIFF)
     assert isinstance(node, UnionAll)
     names = node.columns
     parts = []
     for branch in node.branches:
-        df = render(branch, inputs)
+        df = render(branch, inputs, join)
         parts.append(
             df.select(
                 *[F.col(f"`{c}`").alias(n) for c, n in zip(branch.columns, names, strict=False)],

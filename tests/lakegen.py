@@ -119,3 +119,112 @@ class RandomLake:
             )
             done.append(f"events +{len(ev)}")
         return ", ".join(done)
+
+
+CUSTOMERS = pa.schema([("c_id", pa.int64()), ("c_name", pa.string()), ("c_seg", pa.string())])
+ORDERS = pa.schema(
+    [
+        ("o_id", pa.int64()),
+        ("o_cust", pa.int64()),
+        ("o_status", pa.string()),
+        ("o_total", pa.decimal128(12, 2)),
+    ]
+)
+LINES = pa.schema(
+    [
+        ("l_order", pa.int64()),
+        ("l_no", pa.int32()),
+        ("l_qty", pa.int32()),
+        ("l_price", pa.decimal128(10, 2)),
+    ]
+)
+
+
+class JoinLake:
+    """customers <- orders <- lines, all with CDF. Batches change all three at once: deletes of
+    matched rows, re-keyed rows (stop/start matching), NULL keys, hot keys with many matches."""
+
+    def __init__(self, root, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.paths = {n: f"{root}/{n}" for n in ("customers", "orders", "lines")}
+        self.next_order = 0
+
+    def _customer(self, i: int) -> dict:
+        return {"c_id": i, "c_name": f"cust{i}", "c_seg": self.rng.choice(["AUTO", "BUILD", None])}
+
+    def _order(self) -> dict:
+        self.next_order += 1
+        cust = self.rng.choice([1, 1, 1, 2, 3, 4, 5, 6, 7, 8, None])  # customer 1 is hot
+        return {
+            "o_id": self.next_order,
+            "o_cust": cust,
+            "o_status": self.rng.choice(["O", "F"]),
+            "o_total": Decimal(self.rng.randint(100, 99999)) / 100,
+        }
+
+    def _lines(self, order: int) -> list[dict]:
+        return [
+            {
+                "l_order": order,
+                "l_no": n,
+                "l_qty": self.rng.randint(1, 50),
+                "l_price": Decimal(self.rng.randint(1, 9999)) / 100,
+            }
+            for n in range(self.rng.randint(0, 4))
+        ]
+
+    def create(self) -> dict[str, str]:
+        conf = {"delta.enableChangeDataFeed": "true"}
+        write_deltalake(
+            self.paths["customers"],
+            pa.Table.from_pylist([self._customer(i) for i in range(1, 8)], schema=CUSTOMERS),
+            configuration=conf,
+        )
+        orders = [self._order() for _ in range(30)]
+        lines = [ln for o in orders for ln in self._lines(o["o_id"])]
+        lines.append({"l_order": None, "l_no": 1, "l_qty": 1, "l_price": Decimal("1.00")})
+        write_deltalake(
+            self.paths["orders"], pa.Table.from_pylist(orders, schema=ORDERS), configuration=conf
+        )
+        write_deltalake(
+            self.paths["lines"], pa.Table.from_pylist(lines, schema=LINES), configuration=conf
+        )
+        return self.paths
+
+    def random_batch(self) -> None:
+        rng = self.rng
+        p = self.paths
+        order_ids = DeltaTable(p["orders"]).to_pyarrow_table().column("o_id").to_pylist()
+        # New orders with lines, and lines for existing orders (several matches per key).
+        new = [self._order() for _ in range(rng.randint(1, 4))]
+        write_deltalake(p["orders"], pa.Table.from_pylist(new, schema=ORDERS), mode="append")
+        lines = [ln for o in new for ln in self._lines(o["o_id"])]
+        lines += self._lines(rng.choice(order_ids))
+        if lines:
+            write_deltalake(p["lines"], pa.Table.from_pylist(lines, schema=LINES), mode="append")
+        # Re-key: orders move to another (or no) customer; lines move to another order.
+        moved = rng.sample(order_ids, min(3, len(order_ids)))
+        DeltaTable(p["orders"]).update(
+            {"o_cust": rng.choice(["1", "3", "NULL", "99"])},
+            predicate=f"o_id IN ({','.join(map(str, moved))})",
+        )
+        DeltaTable(p["orders"]).update(
+            {"o_status": "'O'"}, predicate=f"o_id = {rng.choice(order_ids)}"
+        )
+        DeltaTable(p["lines"]).update(
+            {"l_order": str(rng.choice(order_ids))}, predicate=f"l_order = {rng.choice(order_ids)}"
+        )
+        # Deletes of matched rows on every side.
+        DeltaTable(p["orders"]).delete(f"o_id IN ({','.join(map(str, rng.sample(order_ids, 2)))})")
+        DeltaTable(p["lines"]).delete(f"l_order = {rng.choice(order_ids)} AND l_no = 1")
+        cust = rng.randint(2, 8)
+        DeltaTable(p["customers"]).delete(f"c_id = {cust}")
+        if rng.random() < 0.7:
+            write_deltalake(
+                p["customers"],
+                pa.Table.from_pylist([self._customer(cust)], schema=CUSTOMERS),
+                mode="append",
+            )
+        DeltaTable(p["customers"]).update(
+            {"c_seg": "'AUTO'"}, predicate=f"c_id = {rng.randint(1, 8)}"
+        )

@@ -38,7 +38,7 @@ def test_explain_golden(path: Path, update_goldens: bool) -> None:
     text = path.read_text()
     views = [parse_view(sql, f"{i}.sql") for i, sql in enumerate(split_views(text))]
     plan = plan_views(views, parse_sources(text))
-    actual = "\n".join(explain(v) for v in plan.views.values())
+    actual = "\n".join(explain(v, plan) for v in plan.views.values())
     expected_file = path.with_suffix(".explain")
     if update_goldens or not expected_file.exists():
         expected_file.write_text(actual)

@@ -9,26 +9,85 @@ the line(s) below it to updates; the header says which state (arrangements) the 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from ivm.plan.ir import Filter, Get, Node, Project, UnionAll
-from ivm.plan.planner import ViewPlan
+from ivm.plan.ir import Filter, Get, Join, Node, Project, UnionAll
+from ivm.plan.join import plan_paths
+from ivm.plan.planner import ProjectPlan, ViewPlan
 from ivm.sql.parse import DIALECT
+
+_INTERNAL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)\b")
+
+
+def _pretty(text: str) -> str:
+    """Join columns are planned as ``alias__column``; show them as ``alias.column``."""
+    return _INTERNAL.sub(r"\1.\2", text)
+
+
+def _join_lines(node: Join, depth: int) -> list[str]:
+    pad = "  " * depth
+    keys = []
+    for cls in node.equivalences:
+        keys.append(" = ".join(_pretty(c) for _, c in cls))
+    lines = [pad + f"Join {len(node.inputs)} inputs on {', '.join(keys)}"]
+    if node.residual:
+        lines.append(
+            pad
+            + "  residual: "
+            + " AND ".join(_pretty(r.sql(dialect=DIALECT)) for r in node.residual)
+        )
+    for inp in node.inputs:
+        get = inp.get
+        text = f"input {inp.alias}: Get {get.kind} {get.collection} [{', '.join(get.columns)}]"
+        if inp.predicate is not None:
+            text += f" | Filter {inp.predicate.sql(dialect=DIALECT)}"
+        computed = [
+            f"{e.sql(dialect=DIALECT)} AS {_pretty(n).split('.', 1)[1]}"
+            for n, e in inp.outputs
+            if inp.source_column(n) is None
+        ]
+        if computed:
+            text += f" | Map {', '.join(computed)}"
+        lines.append(pad + "  " + text)
+    lines.append(pad + "  update paths (one per input; lookups read only the stream's keys):")
+    for path in plan_paths(node):
+        start = node.inputs[path.source].alias
+        steps = []
+        for st in path.stages:
+            on = ", ".join(
+                f"{_pretty(a)} = {_pretty(b)}"
+                for a, b in zip(st.stream_keys, st.input_keys, strict=True)
+            )
+            step = f"⋈ {node.inputs[st.input].alias} via {st.arrangement} at {st.as_of} on {on}"
+            if st.residual:
+                step += " then Filter " + " AND ".join(
+                    _pretty(r.sql(dialect=DIALECT)) for r in st.residual
+                )
+            steps.append(step)
+        lines.append(pad + f"    Δ{start}: " + "; ".join(steps))
+    return lines
 
 
 def _node_lines(node: Node, depth: int) -> list[str]:
     pad = "  " * depth
+    if isinstance(node, Join):
+        return _join_lines(node, depth)
     if isinstance(node, Get):
         head = f"Get {node.kind} {node.collection} [{', '.join(node.columns)}]"
     elif isinstance(node, Filter):
-        head = f"Filter {node.predicate.sql(dialect=DIALECT)}"
+        head = f"Filter {_pretty(node.predicate.sql(dialect=DIALECT))}"
     elif isinstance(node, Project):
         if node.is_identity():
             return _node_lines(node.input, depth)
         items = []
         for name, e in node.outputs:
-            text = e.sql(dialect=DIALECT)
-            items.append(text if text == name else f"{text} AS {name}")
+            text = _pretty(e.sql(dialect=DIALECT))
+            items.append(
+                text
+                if text in (name, f"{_pretty(name)}") or text.endswith("." + name)
+                else f"{text} AS {name}"
+            )
         head = f"Project {', '.join(items)}"
     else:
         assert isinstance(node, UnionAll)
@@ -39,7 +98,7 @@ def _node_lines(node: Node, depth: int) -> list[str]:
     return lines
 
 
-def explain(view: ViewPlan) -> str:
+def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
     """The EXPLAIN text of one view.
 
     >>> from ivm.sql.parse import parse_view
@@ -52,13 +111,33 @@ def explain(view: ViewPlan) -> str:
     inputs = ", ".join(
         f"{g.kind} {g.collection}" for g in {g.collection: g for g in view.gets}.values()
     )
+    if view.joins:
+        arrangements = sorted(
+            {st.arrangement for j in view.joins for p in plan_paths(j) for st in p.stages}
+        )
+        maintenance = (
+            f"incremental, delta join ({len(arrangements)} shared arrangement"
+            f"{'s' if len(arrangements) != 1 else ''}; no intermediate state)"
+        )
+    else:
+        arrangements = []
+        maintenance = (
+            "incremental, stateless (each update maps to its output on its own; no arrangements)"
+        )
     lines = [
         f"VIEW {view.name}  ({Path(view.file).name}, code version {view.sql_hash})",
         f"  columns: {', '.join(view.columns)}",
-        "  maintenance: incremental, stateless (each update maps to its output on its own;"
-        " no arrangements)",
+        f"  maintenance: {maintenance}",
         f"  inputs: {inputs}",
-        "  plan (updates flow bottom-up; every node keeps _time and _diff):",
     ]
+    for key in arrangements:
+        plan = (project.arrangements or {}).get(key) if project else None
+        detail = (
+            f" holding [{', '.join(plan.columns)}], shared by {', '.join(plan.users)}"
+            if plan
+            else ""
+        )
+        lines.append(f"  arrangement {key}{detail}")
+    lines.append("  plan (updates flow bottom-up; every node keeps _time and _diff):")
     lines.extend(_node_lines(view.root, 2))
     return "\n".join(lines) + "\n"

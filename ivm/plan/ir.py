@@ -134,13 +134,117 @@ class UnionAll:
         return self.branches
 
 
-Node = Get | Filter | Project | UnionAll
+ColumnRef = tuple[int, str]
+"""A join input's column: ``(input index, output column name)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinInput:
+    """One input of a join: a collection, its own filter, and the columns it contributes.
+
+    The filter and map apply to the collection's rows (or updates) before they meet the
+    other inputs, so the arrangement a lookup reads can be the *unfiltered* collection,
+    shared by every view that needs it by the same key.
+
+    Attributes:
+        get: the collection, with the columns this input reads.
+        alias: the name the SQL gives it (for EXPLAIN and messages).
+        predicate: a filter on ``get``'s columns, or None.
+        outputs: ``(name, expression over get's columns)``; names are unique in the join.
+    """
+
+    get: Get
+    alias: str
+    predicate: exp.Expression | None
+    outputs: tuple[tuple[str, exp.Expression], ...]
+
+    def __post_init__(self) -> None:
+        available = set(self.get.columns)
+        used = set().union(*(referenced_columns(e) for _, e in self.outputs))
+        if self.predicate is not None:
+            used |= referenced_columns(self.predicate)
+        if used - available:
+            raise InvariantViolation(
+                f"join input {self.alias}: unknown columns {sorted(used - available)}"
+            )
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.outputs)
+
+    def source_column(self, name: str) -> str | None:
+        """The collection column an output passes through unchanged, if it is one."""
+        for n, e in self.outputs:
+            if n == name and isinstance(e, exp.Column):
+                return e.name
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """An inner equi-join: the product of its inputs restricted to equal keys and residuals.
+
+    Algebra: the join is *bilinear* in each pair of inputs, so for a change at one time,
+    ``Δ(A ⋈ B) = ΔA ⋈ B_old + A_new ⋈ ΔB`` (and for n inputs one such term per input, inputs
+    before it at the new time, after it at the old: each combination of changes counted once).
+    Diffs multiply: ``(a, t, r) ⋈ (b, t, s) = ((a, b), t, r * s)``.
+
+    Attributes:
+        inputs: the join's inputs, in FROM order.
+        equivalences: classes of columns constrained to be equal (each of >= 2 inputs).
+        residual: other conjuncts over several inputs' columns, applied once all are joined.
+    """
+
+    inputs: tuple[JoinInput, ...]
+    equivalences: tuple[tuple[ColumnRef, ...], ...]
+    residual: tuple[exp.Expression, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) < 2:
+            raise InvariantViolation("a join needs at least two inputs")
+        _check_unique(self.columns, "Join")
+        for cls in self.equivalences:
+            for i, c in cls:
+                if c not in self.inputs[i].columns:
+                    raise InvariantViolation(f"join key {c!r} is not a column of input {i}")
+        known = set(self.columns)
+        for r in self.residual:
+            if referenced_columns(r) - known:
+                raise InvariantViolation("join residual reads unknown columns")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(c for inp in self.inputs for c in inp.columns)
+
+    def owner(self, column: str) -> int:
+        """Index of the input that produces ``column``."""
+        for i, inp in enumerate(self.inputs):
+            if column in inp.columns:
+                return i
+        raise InvariantViolation(f"no join input has column {column!r}")
+
+
+Node = Get | Filter | Project | UnionAll | Join
+
+
+def walk(node: Node) -> list[Node]:
+    """``node`` and every node under it, parents first (join inputs' Gets included)."""
+    if isinstance(node, Join):
+        return [node, *(inp.get for inp in node.inputs)]
+    if isinstance(node, Get):
+        return [node]
+    out: list[Node] = [node]
+    for child in node.inputs:
+        out.extend(walk(child))
+    return out
 
 
 def collections(node: Node) -> list[Get]:
     """Every ``Get`` under ``node``, left to right."""
     if isinstance(node, Get):
         return [node]
+    if isinstance(node, Join):
+        return [inp.get for inp in node.inputs]
     out: list[Get] = []
     for child in node.inputs:
         out.extend(collections(child))
@@ -173,6 +277,8 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
             child_need |= referenced_columns(e)
         child = demand(node.input, tuple(c for c in node.input.columns if c in child_need))
         return Project(child, outputs)
+    if isinstance(node, Join):
+        return _demand_join(node, want)
     # UnionAll: positional, so every branch keeps the same positions.
     positions = [i for i, c in enumerate(node.columns) if c in want]
     branches = []
@@ -183,6 +289,28 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
             pruned = Project(pruned, tuple((n, exp.column(n)) for n in names))
         branches.append(pruned)
     return UnionAll(tuple(branches))
+
+
+def _demand_join(node: Join, want: set[str]) -> Join:
+    keys = {c for cls in node.equivalences for _, c in cls}
+    need = want | keys
+    for r in node.residual:
+        need |= referenced_columns(r)
+    inputs = []
+    for inp in node.inputs:
+        outputs = tuple((n, e) for n, e in inp.outputs if n in need) or inp.outputs[:1]
+        used: set[str] = set()
+        for _, e in outputs:
+            used |= referenced_columns(e)
+        if inp.predicate is not None:
+            used |= referenced_columns(inp.predicate)
+        kept = tuple(c for c in inp.get.columns if c in used) or inp.get.columns[:1]
+        inputs.append(
+            JoinInput(
+                Get(inp.get.collection, inp.get.kind, kept), inp.alias, inp.predicate, outputs
+            )
+        )
+    return Join(tuple(inputs), node.equivalences, node.residual)
 
 
 def _substitute(e: exp.Expression, by: dict[str, exp.Expression]) -> exp.Expression:
@@ -206,6 +334,8 @@ def simplify(node: Node) -> Node:
         return node
     if isinstance(node, UnionAll):
         return UnionAll(tuple(simplify(b) for b in node.branches))
+    if isinstance(node, Join):
+        return node
     child = simplify(node.input)
     if isinstance(node, Filter):
         if isinstance(child, Filter):

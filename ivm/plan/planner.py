@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 
 from ivm.errors import ConfigError, SqlError
-from ivm.plan.ir import Get, Node, collections
+from ivm.plan.ir import Get, Join, Node, collections, walk
+from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
 from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
 from ivm.sql.parse import ParsedView
 
@@ -47,6 +48,13 @@ class ViewPlan:
         return self.root.columns
 
     @property
+    def joins(self) -> list[Join]:
+        return [n for n in walk(self.root) if isinstance(n, Join)]
+
+    def paths(self, join: Join) -> tuple[DeltaPath, ...]:
+        return plan_paths(join, self.name)
+
+    @property
     def gets(self) -> list[Get]:
         return collections(self.root)
 
@@ -65,11 +73,31 @@ class ViewPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrangementPlan:
+    """One shared arrangement: a collection by a key, with the columns its readers need.
+
+    Attributes:
+        key: which collection, by which columns.
+        columns: the collection columns stored: the key first, then every column some
+            reader needs (demand analysis across all views that share it).
+        users: the views that read it, in refresh order.
+    """
+
+    key: ArrangementKey
+    columns: tuple[str, ...]
+    users: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ProjectPlan:
-    """Plans of all views, upstream first, and the sources' columns."""
+    """Plans of all views, upstream first, the arrangements they share, the sources' columns."""
 
     views: Mapping[str, ViewPlan]
     sources: Mapping[str, tuple[str, ...]]
+    arrangements: Mapping[ArrangementKey, ArrangementPlan] = None  # type: ignore[assignment]
+
+    def arrangements_of(self, view: str) -> list[ArrangementPlan]:
+        return [a for a in (self.arrangements or {}).values() if view in a.users]
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -133,4 +161,28 @@ def plan_views(
         root = lower_view(p, catalog)
         plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
         catalog[name] = ("view", root.columns)
-    return ProjectPlan(plans, {k: tuple(c.lower() for c in v) for k, v in source_columns.items()})
+    return ProjectPlan(
+        plans,
+        {k: tuple(c.lower() for c in v) for k, v in source_columns.items()},
+        _arrangements(plans, catalog),
+    )
+
+
+def _arrangements(
+    plans: Mapping[str, ViewPlan], catalog: Mapping[str, CatalogEntry]
+) -> dict[ArrangementKey, ArrangementPlan]:
+    """Group every lookup of every view by (collection, key): one shared arrangement each."""
+    columns: dict[ArrangementKey, set[str]] = {}
+    users: dict[ArrangementKey, list[str]] = {}
+    for plan in plans.values():
+        for join in plan.joins:
+            for key, needed in arrangement_needs(join, plan.file):
+                columns.setdefault(key, set()).update(needed)
+                if plan.name not in users.setdefault(key, []):
+                    users[key].append(plan.name)
+    out = {}
+    for key in sorted(columns):
+        order = catalog[key.collection][1]
+        rest = tuple(c for c in order if c in columns[key] and c not in key.key)
+        out[key] = ArrangementPlan(key, key.key + rest, tuple(users[key]))
+    return out

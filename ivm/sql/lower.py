@@ -22,11 +22,15 @@ from ivm.plan.ir import (
     CollectionKind,
     Filter,
     Get,
+    Join,
+    JoinInput,
     Node,
     Project,
     UnionAll,
+    _substitute,
     collections,
     demand,
+    referenced_columns,
     simplify,
 )
 from ivm.sql.parse import ParsedView, position, sql_error
@@ -51,7 +55,6 @@ RESERVED_COLUMNS = ("_time", "_diff")
 """Column names the engine uses for the time and diff of every update."""
 
 _UNSUPPORTED_CLAUSES = {
-    "joins": "JOIN",
     "laterals": "LATERAL VIEW",
     "group": "GROUP BY",
     "having": "HAVING",
@@ -81,6 +84,53 @@ class _Relation:
     qualifiers: frozenset[str]
     label: str  # for messages: "table orders", "view v", "subquery t"
 
+    @property
+    def alias(self) -> str:
+        return min(self.qualifiers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """The relations a SELECT's expressions may name, and the plan names of their columns.
+
+    With one relation a column keeps its name; in a join, column ``c`` of relation ``a`` is
+    ``a__c`` in the plan, so equal names from different inputs stay apart.
+    """
+
+    relations: tuple[_Relation, ...]
+
+    @property
+    def joined(self) -> bool:
+        return len(self.relations) > 1
+
+    def internal(self, i: int, column: str) -> str:
+        return f"{self.relations[i].alias}__{column}" if self.joined else column
+
+    def owner(self, internal: str) -> int:
+        if not self.joined:
+            return 0
+        for i, rel in enumerate(self.relations):
+            if (
+                internal.startswith(rel.alias + "__")
+                and internal[len(rel.alias) + 2 :] in rel.node.columns
+            ):
+                return i
+        raise KeyError(internal)
+
+    @property
+    def qualifiers(self) -> list[str]:
+        return sorted(q for r in self.relations for q in r.qualifiers)
+
+    def star(self, qualifier: str | None) -> list[tuple[str, str]] | None:
+        """``(output name, plan name)`` of ``*`` or ``q.*``; None if ``q`` is unknown."""
+        out = []
+        for i, rel in enumerate(self.relations):
+            if qualifier is None or qualifier in rel.qualifiers:
+                out.extend((c, self.internal(i, c)) for c in rel.node.columns)
+                if qualifier is not None:
+                    return out
+        return out if qualifier is None else None
+
 
 class _Lowerer:
     def __init__(self, view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> None:
@@ -98,7 +148,7 @@ class _Lowerer:
     def unsupported(self, construct: str, node: exp.Expression | None) -> SqlError:
         return self.error(
             f"{construct} is not supported yet (this release maintains projections, WHERE, "
-            f"UNION ALL and views over views)",
+            f"UNION ALL, inner joins and views over views)",
             node,
             construct=construct,
         )
@@ -164,17 +214,31 @@ class _Lowerer:
             value = _arg(s, key)
             if value:
                 at = value[0] if isinstance(value, list) else value
-                if key == "joins" and isinstance(at, exp.Join):
-                    construct = self._join_name(at)
                 raise self.unsupported(construct, self._located(at, s))
         from_ = _arg(s, "from")
         if not isinstance(from_, exp.From):
             raise self.unsupported("SELECT without FROM", s)
-        rel = self.relation(from_.this, ctes)
-        node: Node = rel.node
+        joins = list(_arg(s, "joins") or [])
+        relations = [self.relation(from_.this, ctes)]
+        for j in joins:
+            self.check_join_kind(j)
+            relations.append(self.relation(j.this, ctes))
+        scope = _Scope(tuple(relations))
+        names = [q for r in relations for q in r.qualifiers]
+        if len(set(names)) != len(names):
+            dup = next(q for q in names if names.count(q) > 1)
+            raise self.error(
+                f"{dup!r} names two FROM items: give each an alias (e.g. {dup} AS {dup}1)",
+                from_.this,
+            )
         where = _arg(s, "where")
-        if isinstance(where, exp.Where):
-            node = Filter(node, self.expression(where.this, rel, "WHERE"))
+        if scope.joined:
+            node: Node = self.join(scope, joins, where if isinstance(where, exp.Where) else None)
+        else:
+            node = relations[0].node
+            if isinstance(where, exp.Where):
+                node = Filter(node, self.expression(where.this, scope, "WHERE"))
+        rel = scope
         outputs: list[tuple[str, exp.Expression]] = []
         for item in s.expressions:
             outputs.extend(self.select_item(item, rel, need_names=need_names))
@@ -212,16 +276,121 @@ class _Lowerer:
             return node
         return fallback
 
-    def _items_for(self, s: exp.Select, rel: _Relation) -> list[exp.Expression]:
+    def _items_for(self, s: exp.Select, scope: _Scope) -> list[exp.Expression]:
         out: list[exp.Expression] = []
         for item in s.expressions:
             if isinstance(item, exp.Star) or (
                 isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
             ):
-                out.extend([item] * len(rel.node.columns))
+                qualifier = (
+                    item.table.lower() if isinstance(item, exp.Column) and item.table else None
+                )
+                out.extend([item] * len(scope.star(qualifier) or []))
             else:
                 out.append(item)
         return out
+
+    def check_join_kind(self, j: exp.Join) -> None:
+        """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN`` constrained by WHERE)."""
+        side = str(j.args.get("side") or "").upper()
+        kind = str(j.args.get("kind") or "").upper()
+        if side or kind not in ("", "INNER", "CROSS"):
+            raise self.unsupported(self._join_name(j), self._located(j.this, j))
+        if j.args.get("using"):
+            raise self.unsupported("JOIN ... USING (write ON a.k = b.k)", self._located(j.this, j))
+        if j.args.get("method"):
+            raise self.unsupported(f"{j.args['method']} JOIN", self._located(j.this, j))
+
+    def join(self, scope: _Scope, joins: list[exp.Join], where: exp.Where | None) -> Node:
+        """An inner join: conjuncts of ON and WHERE become input filters, key equivalences
+        (``a.x = b.y``) or residual predicates, and every input must be connected by keys."""
+        raw: list[exp.Expression] = []
+        for j in joins:
+            if j.args.get("on") is not None:
+                raw.extend(_conjuncts(j.args["on"]))
+        if where is not None:
+            raw.extend(_conjuncts(where.this))
+        decomposed = [self.decompose(r) for r in scope.relations]
+        subs: list[dict[str, exp.Expression]] = []
+        for i, (rel, (_, _, outmap)) in enumerate(zip(scope.relations, decomposed, strict=True)):
+            subs.append({scope.internal(i, c): outmap[c] for c in rel.node.columns})
+        pushed: list[list[exp.Expression]] = [
+            [p] if p is not None else [] for _, p, _ in decomposed
+        ]
+        parent: dict[tuple[int, str], tuple[int, str]] = {}
+
+        def find(x: tuple[int, str]) -> tuple[int, str]:
+            while parent.setdefault(x, x) != x:
+                x = parent[x]
+            return x
+
+        residual: list[exp.Expression] = []
+        for original in raw:
+            c = self.expression(original, scope, "WHERE")
+            owners = {scope.owner(n) for n in referenced_columns(c)}
+            if len(owners) == 1:
+                (i,) = owners
+                pushed[i].append(_substitute(c, subs[i]))
+            elif (
+                isinstance(c, exp.EQ)
+                and isinstance(c.this, exp.Column)
+                and isinstance(c.expression, exp.Column)
+                and len(owners) == 2
+            ):
+                a, b = c.this.name, c.expression.name
+                parent[find((scope.owner(a), a))] = find((scope.owner(b), b))
+            else:
+                residual.append(c)
+        groups: dict[tuple[int, str], list[tuple[int, str]]] = {}
+        for x in list(parent):
+            groups.setdefault(find(x), []).append(x)
+        classes = tuple(tuple(sorted(g)) for g in groups.values() if len(g) > 1)
+        # Connected: every input reachable from the first through key equalities.
+        reached, frontier = {0}, [0]
+        while frontier:
+            i = frontier.pop()
+            for cls in classes:
+                members = {m for m, _ in cls}
+                if i in members:
+                    for m in members - reached:
+                        reached.add(m)
+                        frontier.append(m)
+        missing = [scope.relations[i] for i in range(len(scope.relations)) if i not in reached]
+        if missing:
+            raise self.error(
+                f"cross join: no equality links {missing[0].label} to the other inputs; add "
+                "a condition like a.k = b.k (cross products are not maintained)",
+                self._located(joins[-1].this, joins[-1]),
+                construct="cross join",
+            )
+        inputs = []
+        for i, (get, _, outmap) in enumerate(decomposed):
+            predicate = exp.and_(*pushed[i]) if pushed[i] else None
+            rel = scope.relations[i]
+            outputs = tuple((scope.internal(i, c), outmap[c]) for c in rel.node.columns)
+            inputs.append(JoinInput(get, rel.alias, predicate, outputs))
+        return Join(tuple(inputs), classes, tuple(residual))
+
+    def decompose(
+        self, rel: _Relation
+    ) -> tuple[Get, exp.Expression | None, dict[str, exp.Expression]]:
+        """A join input as (collection, filter, column -> expression over the collection)."""
+        node = simplify(rel.node)
+        if isinstance(node, Get):
+            return node, None, {c: exp.column(c) for c in node.columns}
+        if isinstance(node, Filter) and isinstance(node.input, Get):
+            return node.input, node.predicate, {c: exp.column(c) for c in node.columns}
+        if isinstance(node, Project):
+            inner, predicate = node.input, None
+            if isinstance(inner, Filter):
+                inner, predicate = inner.input, inner.predicate
+            if isinstance(inner, Get):
+                return inner, predicate, dict(node.outputs)
+        raise self.unsupported(
+            f"a join input that is itself a join, union or aggregate ({rel.label}); define "
+            "it as a view and join the view",
+            None,
+        )
 
     def relation(self, item: exp.Expression, ctes: Mapping[str, Node]) -> _Relation:
         if isinstance(item, exp.Table):
@@ -254,35 +423,37 @@ class _Lowerer:
     # -- expressions -----------------------------------------------------------------------
 
     def select_item(
-        self, item: exp.Expression, rel: _Relation, *, need_names: bool = True
+        self, item: exp.Expression, rel: _Scope, *, need_names: bool = True
     ) -> list[tuple[str, exp.Expression]]:
         if isinstance(item, exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
         ):
+            qualifier = None
             if isinstance(item, exp.Column) and item.table:
                 self.check_qualifier(item.table, item, rel)
-            return [(c, exp.column(c)) for c in rel.node.columns]
+                qualifier = item.table.lower()
+            return [(name, exp.column(plan)) for name, plan in rel.star(qualifier) or []]
         if isinstance(item, exp.Alias):
             name = item.alias.lower()
             return [(name, self.expression(item.this, rel, "SELECT"))]
         if isinstance(item, exp.Column):
             resolved = self.expression(item, rel, "SELECT")
-            return [(resolved.name, resolved)]
+            return [(item.name.lower(), resolved)]
         if not need_names:
             return [("_c", self.expression(item, rel, "SELECT"))]
         raise self.error(
             f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name", item
         )
 
-    def check_qualifier(self, qualifier: str, node: exp.Expression, rel: _Relation) -> None:
+    def check_qualifier(self, qualifier: str, node: exp.Expression, rel: _Scope) -> None:
         if qualifier.lower() not in rel.qualifiers:
             raise self.error(
                 f"unknown table or alias {qualifier!r} in {node.sql(dialect='spark')!r} "
-                f"(in scope: {', '.join(sorted(rel.qualifiers))})",
+                f"(in scope: {', '.join(rel.qualifiers)})",
                 node,
             )
 
-    def expression(self, e: exp.Expression, rel: _Relation, clause: str) -> exp.Expression:
+    def expression(self, e: exp.Expression, rel: _Scope, clause: str) -> exp.Expression:
         """Validate ``e`` and return it with columns resolved to unqualified input names."""
         for node in e.walk():
             if isinstance(node, exp.AggFunc):
@@ -315,18 +486,44 @@ class _Lowerer:
         def resolve(node: exp.Expression) -> exp.Expression:
             if not isinstance(node, exp.Column):
                 return node
+            name = node.name.lower()
             if node.table:
                 self.check_qualifier(node.table, node, rel)
-            name = node.name.lower()
-            if name not in rel.node.columns:
+                candidates = [
+                    i for i, r in enumerate(rel.relations) if node.table.lower() in r.qualifiers
+                ]
+            else:
+                candidates = [i for i, r in enumerate(rel.relations) if name in r.node.columns]
+                if len(candidates) > 1:
+                    owners = ", ".join(rel.relations[i].alias for i in candidates)
+                    raise self.error(
+                        f"column {name!r} is ambiguous: it is in {owners}; qualify it", node
+                    )
+            if not candidates or name not in rel.relations[candidates[0]].node.columns:
+                where = rel.relations[candidates[0]] if candidates else None
+                label = where.label if where else " or ".join(r.label for r in rel.relations)
+                columns = (
+                    where.node.columns
+                    if where
+                    else [c for r in rel.relations for c in r.node.columns]
+                )
                 raise self.error(
-                    f"unknown column {node.sql(dialect='spark')!r} in {rel.label} "
-                    f"(columns: {', '.join(rel.node.columns)})",
+                    f"unknown column {node.sql(dialect='spark')!r} in {label} "
+                    f"(columns: {', '.join(columns)})",
                     node,
                 )
-            return exp.column(name)
+            return exp.column(rel.internal(candidates[0], name))
 
         return e.copy().transform(resolve)
+
+
+def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped)."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.And):
+        return _conjuncts(e.this) + _conjuncts(e.expression)
+    return [e]
 
 
 def lower_view(view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> Node:

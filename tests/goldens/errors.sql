@@ -6,11 +6,19 @@ SELECT o_orderkey, o_nope FROM orders
 CREATE VIEW v AS SELECT x.o_orderkey FROM orders o
 -- case: unknown table
 CREATE VIEW v AS SELECT * FROM ordrs
--- case: join
+-- case: left join
 CREATE VIEW v AS
-SELECT o_orderkey FROM orders JOIN customer ON o_custkey = c_custkey
--- case: comma join
-CREATE VIEW v AS SELECT o_orderkey FROM orders, customer
+SELECT o_orderkey FROM orders LEFT JOIN customer ON o_custkey = c_custkey
+-- case: cross join without key
+CREATE VIEW v AS SELECT o_orderkey FROM orders, customer WHERE o_totalprice > 10
+-- case: join using
+CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c USING (c_custkey)
+-- case: ambiguous column
+CREATE VIEW v AS SELECT o1.o_orderkey FROM orders o1 JOIN orders o2 ON o1.o_custkey = o2.o_custkey WHERE o_totalprice > 1
+-- case: same name twice in FROM
+CREATE VIEW v AS SELECT o_orderkey FROM orders JOIN orders ON o_custkey = o_custkey
+-- case: computed join key
+CREATE VIEW v AS SELECT c_name FROM customer c JOIN (SELECT o_custkey + 1 AS k FROM orders) o ON c.c_custkey = o.k
 -- case: aggregate
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey
 -- case: aggregate without group by
