@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+from dagster import AssetExecutionContext
 from dagster_pyspark import LazyPySparkResource
 
 from ivm.config import Project
@@ -69,7 +70,7 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
             "(lower, upper] whose changes the views consume next."
         ),
     )
-    def epoch(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    def epoch(context: AssetExecutionContext) -> dg.MaterializeResult:
         engine = Engine(project, progress=context.log.info)
         rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
         for view, reason in rebuilds.items():
@@ -114,10 +115,58 @@ def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, An
     }
 
 
+def arrangement_key(name: str) -> dg.AssetKey:
+    return dg.AssetKey(["arrangements", name])
+
+
+def _collection_key(engine: Engine, collection: str) -> dg.AssetKey:
+    return view_key(collection) if collection in engine.plan.views else source_key(collection)
+
+
+def _arrangement_asset(project: Project, engine: Engine, key: Any) -> dg.AssetsDefinition:
+    aplan = engine.plan.arrangements[key]
+
+    @dg.asset(
+        key=arrangement_key(key.name),
+        deps=[_collection_key(engine, key.collection), EPOCH_KEY],
+        group_name=VIEWS_GROUP,
+        pool=POOL,
+        kinds={"spark", "delta"},
+        description=(
+            f"Shared arrangement of {key.kind} {key.collection} by ({', '.join(key.key)}), "
+            f"holding [{', '.join(aplan.columns)}]; read by {', '.join(aplan.users)}."
+        ),
+        metadata={"table": dg.MetadataValue.path(engine.arrangement_uri(key))},
+    )
+    def arrangement(
+        context: AssetExecutionContext, pyspark: LazyPySparkResource
+    ) -> dg.MaterializeResult:
+        from resources.spark import check_java
+
+        check_java()
+        run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        commit = run_engine.refresh_arrangement(key)
+        status = next(a for a in run_engine.arrangement_status() if a["arrangement"] == str(key))
+        return dg.MaterializeResult(
+            metadata={
+                "epoch": status["epoch"],
+                "updates_written": commit.rows if commit else 0,
+                "dagster/row_count": status["rows"],
+                "bytes": status["bytes"],
+                "files": status["files"],
+                "used_by": ", ".join(status["users"]),
+            },
+            data_version=dg.DataVersion(f"epoch-{status['epoch']}"),
+        )
+
+    return arrangement
+
+
 def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinition:
     plan = engine.plan.views[name]
     deps = [source_key(s) for s in plan.source_inputs]
     deps += [view_key(v) for v in plan.view_inputs]
+    deps += [arrangement_key(a.key.name) for a in engine.plan.arrangements_of(name)]
     deps.append(EPOCH_KEY)
 
     @dg.asset(
@@ -134,9 +183,7 @@ def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinit
             "table": dg.MetadataValue.path(engine.layout.view_table(name)),
         },
     )
-    def view(
-        context: dg.AssetExecutionContext, pyspark: LazyPySparkResource
-    ) -> dg.MaterializeResult:
+    def view(context: AssetExecutionContext, pyspark: LazyPySparkResource) -> dg.MaterializeResult:
         from resources.spark import check_java
 
         check_java()
@@ -159,5 +206,6 @@ def build_assets(project: Project) -> list[Any]:
     engine = Engine(project)
     assets: list[Any] = [_source_asset(project, name, uri) for name, uri in project.sources.items()]
     assets.append(_epoch_asset(project, list(project.sources)))
+    assets.extend(_arrangement_asset(project, engine, k) for k in engine.plan.arrangements)
     assets.extend(_view_asset(project, engine, name) for name in engine.plan.order)
     return assets

@@ -100,10 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     with timed("apply batch to sources"):
         summary = apply_change_batch(sources, args.change)
     say(f"  {summary}")
-    engine = Engine(config, spark=spark)
+    # measure_lookups: also record the rows Spark's scans really read (costs an extra pass).
+    engine = Engine(config, spark=spark, measure_lookups=True)
     with timed("refresh (epoch 2)"):
         second = engine.refresh()
     print_report(second, "per view (only the change was read and written):")
+    say("  arrangement lookups (rows Spark's scans read / rows in the arrangement):")
+    for v in second.views:
+        for name, st in v.lookups.items():
+            share = st.rows_scanned / st.rows_total if st.rows_total else 0.0
+            say(
+                f"    {v.view} -> {name}: {st.lookups} lookups of {st.keys} keys read "
+                f"{st.rows_scanned} of {st.rows_total} rows ({share:.1%}), "
+                f"{st.files_opened} of {st.files_total} files"
+            )
 
     say("\n== 4. Every view against DuckDB's from-scratch evaluation of the same SQL")
     with timed("DuckDB evaluation and comparison"):
@@ -124,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  .venv/bin/ivm --project {project_dir} show urgent_open_orders\n"
         f"  .venv/bin/ivm --project {project_dir} explain urgent_open_orders\n"
         f"  .venv/bin/ivm --project {project_dir} status\n"
+        f"  .venv/bin/ivm --project {project_dir} arrangements\n"
         "  Open the same project in the Dagster UI (lineage, plans, refresh runs):\n"
         f"    IVM_PROJECT={config} .venv/bin/dagster dev -w workspace.yaml\n"
         "  then browse http://127.0.0.1:3000 (Assets -> Lineage) and materialize 'views'."

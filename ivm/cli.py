@@ -112,6 +112,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("view")
     st = sub.add_parser("status", help="consumed source versions and each view's epoch")
     st.add_argument("--json", action="store_true")
+    ar = sub.add_parser(
+        "arrangements", help="shared arrangements: key, columns, size, and the views using each"
+    )
+    ar.add_argument("--json", action="store_true")
     return p
 
 
@@ -162,6 +166,32 @@ def _status(engine: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _arrangements(engine: Any, args: argparse.Namespace) -> int:
+    rows = engine.arrangement_status()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print("no arrangements: no view joins anything")
+        return 0
+    table = pa.Table.from_pylist(
+        [
+            {
+                "arrangement": r["arrangement"],
+                "columns": ", ".join(r["columns"]),
+                "rows": r["rows"],
+                "bytes": r["bytes"],
+                "files": r["files"],
+                "epoch": r["epoch"],
+                "used by": ", ".join(r["users"]),
+            }
+            for r in rows
+        ]
+    )
+    sys.stdout.write(format_rows(table, "table"))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ivm`` command; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -184,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "explain":
             sys.stdout.write(engine.explain(args.view))
             return 0
+        if args.command == "arrangements":
+            return _arrangements(engine, args)
         return _status(engine, args)
     except IvmError as e:
         print(f"ivm: error: {e}", file=sys.stderr)

@@ -122,6 +122,8 @@ class Engine:
         project: the loaded project (or a path to its ``ivm.toml``).
         spark: the Spark session to compute with; created on first need if None.
         progress: called with a one-line message as work proceeds.
+        measure_lookups: record the rows Spark's scans actually read in each arrangement
+            lookup (an extra pass per lookup: for benchmarks and notes).
     """
 
     def __init__(
@@ -129,11 +131,14 @@ class Engine:
         project: Project | str,
         spark: Any | None = None,
         progress: Progress | None = None,
+        *,
+        measure_lookups: bool = False,
     ) -> None:
         self.project = project if isinstance(project, Project) else load_project(project)
         self.layout = LakeLayout(self.project.lake)
         self._spark = spark
         self.progress: Progress = progress or (lambda msg: log.info(msg))
+        self.measure_lookups = measure_lookups
 
     # -- planning (no Spark) ------------------------------------------------------------------
 
@@ -605,6 +610,39 @@ class Engine:
         )
         return result
 
+    def arrangement_status(self) -> list[dict[str, Any]]:
+        """Every arrangement: key, columns, users and its table's size (no Spark).
+
+        The analogue of Materialize's ``mz_arrangement_sizes`` and ``mz_arrangement_sharing``.
+        """
+        out = []
+        for key, aplan in (self.plan.arrangements or {}).items():
+            uri = self.arrangement_uri(key)
+            dt = open_table(uri)
+            rows = size = files = 0
+            if dt is not None:
+                actions = pa.table(dt.get_add_actions(flatten=True))
+                files = actions.num_rows
+                rows = int(sum(r or 0 for r in actions.column("num_records").to_pylist()))
+                size = int(sum(actions.column("size_bytes").to_pylist()))
+            info = last_commit_metadata(uri, "ivm.since")
+            out.append(
+                {
+                    "arrangement": str(key),
+                    "collection": f"{key.kind} {key.collection}",
+                    "key": list(key.key),
+                    "columns": list(aplan.columns),
+                    "users": list(aplan.users),
+                    "epoch": self.table_epoch(uri),
+                    "since": int(info["ivm.since"]) if info else None,
+                    "rows": rows,
+                    "bytes": size,
+                    "files": files,
+                    "path": uri,
+                }
+            )
+        return out
+
     def _rows_hint(self, coll: str) -> int | None:
         """Rough row count of a collection (from Delta stats), to size files."""
         from resources.lake import table_files
@@ -624,7 +662,15 @@ class Engine:
                 f"arrangement {stage.arrangement} holds updates since epoch {since}; a lookup "
                 f"at epoch {as_of} cannot be answered"
             )
-        df, st = lookup(self.spark, uri, self._schema(uri), stage.arrangement.key, keys, as_of)
+        df, st = lookup(
+            self.spark,
+            uri,
+            self._schema(uri),
+            stage.arrangement.key,
+            keys,
+            as_of,
+            measure=self.measure_lookups,
+        )
         stats.setdefault(str(stage.arrangement), LookupStats()).add(st)
         return df
 

@@ -77,7 +77,8 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.hadoop.parquet.enable.summary-metadata": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Arrangement lookups push `key IN (...)` into Parquet scans (row-group skipping).
-        "spark.sql.parquet.pushdown.inFilterThreshold": "20000",
+        # (ops.arrange splits larger key sets: long IN lists overflow Spark's filter recursion.)
+        "spark.sql.parquet.pushdown.inFilterThreshold": "400",
         "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
     }
     conf.update(overrides or {})

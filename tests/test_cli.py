@@ -22,7 +22,8 @@ ORDERS = pa.table(
     }
 )
 GOOD_VIEW = {
-    "open_orders": "CREATE VIEW open_orders AS SELECT o_orderkey, o_price FROM orders WHERE o_status = 'O'"
+    "open_orders": "CREATE VIEW open_orders AS SELECT o_orderkey, o_price FROM orders WHERE o_status = 'O'",
+    "same_price": "CREATE VIEW same_price AS SELECT a.o_orderkey AS a, b.o_orderkey AS b FROM open_orders a JOIN open_orders b ON a.o_price = b.o_price WHERE a.o_orderkey < b.o_orderkey",
 }
 
 
@@ -90,7 +91,7 @@ def test_unsupported_construct_is_named(make_project, orders, capsys) -> None:
 def test_unknown_view(make_project, orders, capsys) -> None:
     root = make_project(GOOD_VIEW, {"orders": orders})
     code, _, err = run(capsys, "--project", str(root), "show", "nope")
-    assert code == 2 and "unknown view 'nope' (views: open_orders)" in err
+    assert code == 2 and "unknown view 'nope' (views: open_orders, same_price)" in err
 
 
 def test_show_before_refresh_says_what_to_do(make_project, orders, capsys) -> None:
@@ -105,6 +106,7 @@ def test_refresh_then_show_explain_status_without_spark(spark, make_project, ord
     code, out, _ = run(capsys, "--project", str(root), "refresh")
     assert code == 0
     assert "open_orders      1             3" in out and "built" in out
+    assert "same_price       1             1" in out
     code, out, _ = run(capsys, "--project", str(root), "refresh", "--json")
     assert code == 0 and json.loads(out)["views"]["open_orders"]["status"] == "up-to-date"
 
@@ -132,13 +134,18 @@ def test_refresh_then_show_explain_status_without_spark(spark, make_project, ord
             f"--project|{p}|show|open_orders",
             f"--project|{p}|explain|open_orders",
             f"--project|{p}|status",
+            f"--project|{p}|arrangements",
         ],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    csv_out, json_out, table_out, explain_out, status_out = proc.stdout.split("\n=====\n")
+    csv_out, json_out, table_out, explain_out, status_out, arr_out = proc.stdout.split("\n=====\n")
+    header, _, row = arr_out.splitlines()[:3]
+    assert header.split()[:2] == ["arrangement", "columns"]
+    assert row.split()[:4] == ["open_orders[o_price]", "o_price,", "o_orderkey", "3"]
+    assert row.split()[-1] == "same_price"
     assert csv_out.splitlines() == ["o_orderkey,o_price", "1,10", "3,30", "4,30"]
     assert json.loads(json_out) == [
         {"o_orderkey": 1, "o_price": 10},

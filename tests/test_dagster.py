@@ -37,6 +37,10 @@ VIEWS = {
         SELECT o_orderkey, o_price * 2 AS doubled FROM open_orders WHERE o_custkey < 10
     """,
     "customers_upper": "CREATE VIEW customers_upper AS SELECT c_custkey, upper(c_name) AS name FROM customer",
+    "customer_orders": """
+        CREATE VIEW customer_orders AS
+        SELECT c.c_name, o.o_orderkey FROM customer c JOIN open_orders o ON o.o_custkey = c.c_custkey
+    """,
 }
 
 
@@ -69,6 +73,14 @@ def test_definitions_load_with_lineage(project: Path) -> None:
     assert view_key("open_orders") in graph.get(view_key("vip_open_orders")).parent_keys
     spec = graph.get(view_key("vip_open_orders"))
     assert spec.code_version == Engine(project).plan.views["vip_open_orders"].sql_hash
+    # Arrangements sit between their collection and the views that read them.
+    by_cust = dg.AssetKey(["arrangements", "open_orders__by__o_custkey"])
+    assert graph.get(by_cust).parent_keys == {view_key("open_orders"), EPOCH_KEY}
+    assert by_cust in graph.get(view_key("customer_orders")).parent_keys
+    assert (
+        dg.AssetKey(["arrangements", "customer__by__c_custkey"])
+        in graph.get(view_key("customer_orders")).parent_keys
+    )
     assert defs.resolve_job_def(REFRESH_JOB) is not None
     assert defs.resolve_sensor_def("ivm_source_versions") is not None
     assert defs.resolve_schedule_def("ivm_refresh_schedule") is not None
@@ -152,17 +164,20 @@ def test_refresh_job_materializes_views(project: Path, spark) -> None:
     assert "Get source orders" in meta["explain"].value
     # Change a source, run again: only the change flows, and views equal the oracle.
     orders = Engine(project).project.sources["orders"]
-    DeltaTable(orders).update({"o_status": "'O'"}, predicate="o_orderkey = 3")
+    DeltaTable(orders).update({"o_status": "'O'"}, predicate="o_orderkey = 27")
     write_deltalake(orders, orders_table(range(30, 33)), mode="append")
     result = job.execute_in_process(instance=instance)
     assert result.success
     (mat,) = result.asset_materializations_for_node("views__open_orders")
     assert mat.metadata["epoch"].value == 2
-    assert mat.metadata["rows_changed"].value == 3  # order 3 flips to open, +31, +32 (30 is F)
+    assert mat.metadata["rows_changed"].value == 3  # order 27 opens, +31, +32 (30 is F)
     engine = Engine(project, spark=spark)
     assert all(c.equal for c in compare_views(engine)), [
         c.describe() for c in compare_views(engine)
     ]
+    joined = result.asset_materializations_for_node("views__customer_orders")[0].metadata
+    assert joined["epoch"].value == 2 and joined["rows_changed"].value == 1
+    assert any(k.startswith("arrangement ") for k in joined)
     record = instance.get_latest_materialization_event(view_key("vip_open_orders"))
     assert record.asset_materialization.metadata["epoch"].value == 2
 
@@ -218,6 +233,8 @@ def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
         assert "sources/orders" in deps["views/open_orders"]
         assert "views/open_orders" in deps["views/vip_open_orders"]
         assert "sources/customer" in deps["views/customers_upper"]
+        assert "sources/customer" in deps["arrangements/customer__by__c_custkey"]
+        assert "arrangements/customer__by__c_custkey" in deps["views/customer_orders"]
         assert "sources/orders" not in deps["views/customers_upper"]
     finally:
         proc.terminate()
