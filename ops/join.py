@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from ivm.plan.ir import Join, JoinInput
-from ivm.plan.join import LookupStage, plan_paths
+from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
 from ops import DIFF, TIME
 from ops.stateless import spark_sql
 
@@ -59,14 +59,47 @@ def _ordered(df: DataFrame, join: Join) -> DataFrame:
     return df.select(*[F.col(f"`{c}`") for c in join.columns], TIME, DIFF)
 
 
+def _key_pairs(join: Join, side: int) -> list[tuple[str, str]]:
+    """``(side's column, other side's column)`` for each key of a two-input join."""
+    other = 1 - side
+    pairs = []
+    for cls in join.equivalences:
+        mine = [c for i, c in cls if i == side]
+        theirs = [c for i, c in cls if i == other]
+        if mine and theirs:
+            pairs.append((mine[0], theirs[0]))
+    return pairs
+
+
+def _pad(rows: DataFrame, join: Join, side: int, other_schema: DataFrame) -> DataFrame:
+    """Unmatched rows of ``side`` with the other input's columns as typed NULLs."""
+    types = {f.name: f.dataType for f in other_schema.schema.fields}
+    cols = []
+    for c in join.columns:
+        if c in join.inputs[side].columns:
+            cols.append(F.col(f"`{c}`"))
+        else:
+            cols.append(F.lit(None).cast(types[c]).alias(c))
+    return rows.select(*cols, TIME, DIFF)
+
+
 def render_join_snapshot(join: Join, inputs: Mapping[str, DataFrame]) -> DataFrame:
-    """The join of the inputs' snapshots (updates all at one time), by Spark."""
+    """The join of the inputs' snapshots (updates all at one time), by Spark; for an outer
+    join, plus each preserved input's rows without a match, padded with NULLs."""
     (first, *_) = plan_paths(join)
     stream = prepare(join.inputs[first.source], inputs[join.inputs[first.source].get.collection])
     for stage in first.stages:
         inp = join.inputs[stage.input]
         stream = _join_stage(stream, prepare(inp, inputs[inp.get.collection]), stage)
-    return _ordered(stream, join)
+    out = _ordered(stream, join)
+    for side in join.preserve:
+        mine = prepare(join.inputs[side], inputs[join.inputs[side].get.collection])
+        other = prepare(join.inputs[1 - side], inputs[join.inputs[1 - side].get.collection])
+        pairs = _key_pairs(join, side)
+        keys = other.select(*[F.col(f"`{o}`") for _, o in pairs]).distinct()
+        unmatched = mine.join(keys, _condition(mine, keys, pairs), "left_anti")
+        out = out.unionByName(_pad(unmatched, join, side, other))
+    return out
 
 
 def render_join_delta(
@@ -90,4 +123,90 @@ def render_join_delta(
             right = prepare(join.inputs[stage.input], state.withColumn(TIME, F.lit(new)))
             stream = _join_stage(stream, right, stage)
         parts.append(_ordered(stream, join))
+    for side in join.preserve:
+        parts.append(_unmatched_delta(join, side, deltas, lookup, old=old, new=new))
     return reduce(DataFrame.unionByName, parts)
+
+
+def _stage_for(join: Join, side: int, keys: list[str]) -> LookupStage:
+    """A lookup of input ``side`` by its columns ``keys`` (outer-join bookkeeping)."""
+    inp = join.inputs[side]
+    cols = tuple(inp.source_column(k) or k for k in keys)
+    return LookupStage(
+        side,
+        ArrangementKey(inp.get.collection, inp.get.kind, cols),
+        tuple(keys),
+        tuple(keys),
+        "new",
+    )
+
+
+def _unmatched_delta(
+    join: Join, side: int, deltas: Mapping[str, DataFrame], lookup: Lookup, *, old: int, new: int
+) -> DataFrame:
+    """The change of ``side``'s unmatched rows (seed 001's outer joins, by match counts):
+
+    ``U(new) - U(old) = ΔS ▷ O(new) + S(old) ⋈ flip``, where ``flip(k) = [c_new(k) = 0] -
+    [c_old(k) = 0]`` for the keys the other input's change touched, and ``c(k)`` counts the
+    other input's rows with key ``k`` (looked up in its arrangement at old and new).
+    """
+    other = 1 - side
+    mine_inp, other_inp = join.inputs[side], join.inputs[other]
+    pairs = _key_pairs(join, side)
+    mine_keys = [m for m, _ in pairs]
+    other_keys = [o for _, o in pairs]
+    other_stage = _stage_for(join, other, other_keys)
+    mine_stage = _stage_for(join, side, mine_keys)
+
+    def other_rows(keys: DataFrame, at: int) -> DataFrame:
+        return prepare(other_inp, lookup(other_stage, keys, at).withColumn(TIME, F.lit(new)))
+
+    def as_other_key(df: DataFrame, cols: list[str]) -> DataFrame:
+        return df.select(
+            *[
+                F.col(f"`{c}`").alias(k)
+                for c, k in zip(cols, other_stage.arrangement.key, strict=True)
+            ]
+        )
+
+    # 1. Changed rows of this side that match nothing at the new time.
+    d_mine = prepare(mine_inp, deltas[mine_inp.get.collection])
+    matches_new = other_rows(as_other_key(d_mine, mine_keys), new)
+    present = matches_new.select(*[F.col(f"`{o}`") for o in other_keys]).distinct()
+    part1 = d_mine.join(present, _condition(d_mine, present, pairs), "left_anti")
+
+    # 2. Keys whose match count crossed zero: this side's old rows with those keys flip.
+    d_other = prepare(other_inp, deltas[other_inp.get.collection])
+    touched = as_other_key(d_other, other_keys).distinct()
+
+    def counts(at: int, name: str) -> DataFrame:
+        rows = other_rows(touched, at)
+        return rows.groupBy(*[F.col(f"`{o}`") for o in other_keys]).agg(F.sum(DIFF).alias(name))
+
+    keyed = d_other.select(*[F.col(f"`{o}`") for o in other_keys]).dropna().distinct()
+    flips = (
+        keyed.join(counts(new, "_c_new"), other_keys, "left")
+        .join(counts(old, "_c_old"), other_keys, "left")
+        .select(
+            *[F.col(f"`{o}`") for o in other_keys],
+            (
+                F.when(F.coalesce(F.col("_c_new"), F.lit(0)) == 0, 1).otherwise(0)
+                - F.when(F.coalesce(F.col("_c_old"), F.lit(0)) == 0, 1).otherwise(0)
+            ).alias("_flip"),
+        )
+        .where(F.col("_flip") != 0)
+    )
+    flip_keys = flips.select(
+        *[
+            F.col(f"`{o}`").alias(k)
+            for o, k in zip(other_keys, mine_stage.arrangement.key, strict=True)
+        ]
+    )
+    old_rows = prepare(mine_inp, lookup(mine_stage, flip_keys, old).withColumn(TIME, F.lit(new)))
+    part2 = (
+        old_rows.join(flips, _condition(old_rows, flips, pairs), "inner")
+        .withColumn(DIFF, F.col(DIFF) * F.col("_flip"))
+        .select(*[F.col(f"`{c}`") for c in mine_inp.columns], TIME, DIFF)
+    )
+    unmatched = part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
+    return _pad(unmatched, join, side, matches_new)

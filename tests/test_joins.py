@@ -30,6 +30,22 @@ VIEWS = {
         FROM orders a JOIN orders b ON a.o_cust = b.o_cust
         WHERE a.o_id < b.o_id
     """,
+    "orders_left_customers": """
+        CREATE VIEW orders_left_customers AS
+        SELECT o.o_id, o.o_cust, c.c_name, c.c_seg
+        FROM orders o LEFT JOIN customers c ON o.o_cust = c.c_id AND c.c_seg = 'AUTO'
+    """,
+    "customers_right_orders": """
+        CREATE VIEW customers_right_orders AS
+        SELECT c.c_id, o.o_id, o.o_total
+        FROM orders o RIGHT OUTER JOIN customers c ON c.c_id = o.o_cust
+        WHERE o.o_id IS NULL OR o.o_status = 'O'
+    """,
+    "orders_full_lines": """
+        CREATE VIEW orders_full_lines AS
+        SELECT o.o_id, l.l_order, l.l_no
+        FROM orders o FULL OUTER JOIN lines l ON o.o_id = l.l_order
+    """,
     "open_by_seg": """
         CREATE VIEW open_by_seg AS
         SELECT ol.o_id, ol.amount, c.c_seg
@@ -70,5 +86,11 @@ def test_views_share_arrangements(make_project, tmp_path):
         a for k, a in arrangements.items() if k.collection == "orders" and k.key == ("o_cust",)
     ]
     assert len(by_cust) == 1
-    assert set(by_cust[0].users) == {"cust_order_lines", "same_customer", "open_by_seg"}
+    assert set(by_cust[0].users) == {
+        "cust_order_lines",
+        "same_customer",
+        "open_by_seg",
+        "orders_left_customers",
+        "customers_right_orders",
+    }
     assert {k.name for k in arrangements} >= {"orders__by__o_id", "lines__by__l_order"}

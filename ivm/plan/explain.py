@@ -30,7 +30,10 @@ def _join_lines(node: Join, depth: int) -> list[str]:
     keys = []
     for cls in node.equivalences:
         keys.append(" = ".join(_pretty(c) for _, c in cls))
-    lines = [pad + f"Join {len(node.inputs)} inputs on {', '.join(keys)}"]
+    kind = {(0,): "LeftOuterJoin", (1,): "RightOuterJoin", (0, 1): "FullOuterJoin"}.get(
+        node.preserve, "Join"
+    )
+    lines = [pad + f"{kind} {len(node.inputs)} inputs on {', '.join(keys)}"]
     if node.residual:
         lines.append(
             pad
@@ -66,6 +69,14 @@ def _join_lines(node: Join, depth: int) -> list[str]:
                 )
             steps.append(step)
         lines.append(pad + f"    Δ{start}: " + "; ".join(steps))
+    for side in node.preserve:
+        mine, other = node.inputs[side].alias, node.inputs[1 - side].alias
+        lines.append(
+            pad
+            + f"  unmatched {mine} rows (NULL-padded): Δ{mine} with no {other} match at new, plus "
+            f"{mine} at old for keys whose {other} match count crossed zero (per-key counts "
+            f"looked up at old and new)"
+        )
     return lines
 
 

@@ -198,10 +198,15 @@ class Join:
     inputs: tuple[JoinInput, ...]
     equivalences: tuple[tuple[ColumnRef, ...], ...]
     residual: tuple[exp.Expression, ...] = ()
+    preserve: tuple[int, ...] = ()
+    """Inputs whose unmatched rows are kept, padded with NULLs: (0,) LEFT, (1,) RIGHT,
+    (0, 1) FULL OUTER JOIN; outer joins have two inputs and no residual."""
 
     def __post_init__(self) -> None:
         if len(self.inputs) < 2:
             raise InvariantViolation("a join needs at least two inputs")
+        if self.preserve and (len(self.inputs) != 2 or self.residual):
+            raise InvariantViolation("an outer join has two inputs and only key conditions")
         _check_unique(self.columns, "Join")
         for cls in self.equivalences:
             for i, c in cls:
@@ -310,7 +315,7 @@ def _demand_join(node: Join, want: set[str]) -> Join:
                 Get(inp.get.collection, inp.get.kind, kept), inp.alias, inp.predicate, outputs
             )
         )
-    return Join(tuple(inputs), node.equivalences, node.residual)
+    return Join(tuple(inputs), node.equivalences, node.residual, node.preserve)
 
 
 def _substitute(e: exp.Expression, by: dict[str, exp.Expression]) -> exp.Expression:

@@ -148,7 +148,7 @@ class _Lowerer:
     def unsupported(self, construct: str, node: exp.Expression | None) -> SqlError:
         return self.error(
             f"{construct} is not supported yet (this release maintains projections, WHERE, "
-            f"UNION ALL, inner joins and views over views)",
+            "UNION ALL, inner joins, outer joins of two inputs, and views over views)",
             node,
             construct=construct,
         )
@@ -221,7 +221,7 @@ class _Lowerer:
         joins = list(_arg(s, "joins") or [])
         relations = [self.relation(from_.this, ctes)]
         for j in joins:
-            self.check_join_kind(j)
+            self.check_join_kind(j, len(joins) + 1)
             relations.append(self.relation(j.this, ctes))
         scope = _Scope(tuple(relations))
         names = [q for r in relations for q in r.qualifiers]
@@ -290,11 +290,17 @@ class _Lowerer:
                 out.append(item)
         return out
 
-    def check_join_kind(self, j: exp.Join) -> None:
-        """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN`` constrained by WHERE)."""
+    def check_join_kind(self, j: exp.Join, count: int = 2) -> None:
+        """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN`` constrained by WHERE)
+        of any number of inputs; LEFT/RIGHT/FULL OUTER JOIN of exactly two."""
         side = str(j.args.get("side") or "").upper()
         kind = str(j.args.get("kind") or "").upper()
-        if side or kind not in ("", "INNER", "CROSS"):
+        if side and (kind not in ("", "OUTER") or count != 2):
+            raise self.unsupported(
+                self._join_name(j) + (" with more than two inputs" if count != 2 else ""),
+                self._located(j.this, j),
+            )
+        if not side and kind not in ("", "INNER", "CROSS"):
             raise self.unsupported(self._join_name(j), self._located(j.this, j))
         if j.args.get("using"):
             raise self.unsupported("JOIN ... USING (write ON a.k = b.k)", self._located(j.this, j))
@@ -308,7 +314,9 @@ class _Lowerer:
         for j in joins:
             if j.args.get("on") is not None:
                 raw.extend(_conjuncts(j.args["on"]))
-        if where is not None:
+        side = str(joins[0].args.get("side") or "").upper() if len(joins) == 1 else ""
+        preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}.get(side, ())
+        if where is not None and not preserve:
             raw.extend(_conjuncts(where.this))
         decomposed = [self.decompose(r) for r in scope.relations]
         subs: list[dict[str, exp.Expression]] = []
@@ -328,6 +336,22 @@ class _Lowerer:
         for original in raw:
             c = self.expression(original, scope, "WHERE")
             owners = {scope.owner(n) for n in referenced_columns(c)}
+            if preserve and not (
+                (len(owners) == 1 and not (owners & set(preserve)))
+                or (
+                    isinstance(c, exp.EQ)
+                    and len(owners) == 2
+                    and isinstance(c.this, exp.Column)
+                    and isinstance(c.expression, exp.Column)
+                )
+            ):
+                raise self.error(
+                    f"outer join condition {original.sql(dialect='spark')!r} is not supported: "
+                    "ON may hold key equalities and conditions on the optional side; put the "
+                    "rest in WHERE",
+                    original,
+                    construct="outer join ON condition",
+                )
             if len(owners) == 1:
                 (i,) = owners
                 pushed[i].append(_substitute(c, subs[i]))
@@ -369,7 +393,14 @@ class _Lowerer:
             rel = scope.relations[i]
             outputs = tuple((scope.internal(i, c), outmap[c]) for c in rel.node.columns)
             inputs.append(JoinInput(get, rel.alias, predicate, outputs))
-        return Join(tuple(inputs), classes, tuple(residual))
+        node: Node = Join(tuple(inputs), classes, tuple(residual), preserve)
+        if preserve and where is not None:
+            # WHERE filters the outer join's result (padded NULLs included): never pushed.
+            node = Filter(
+                node,
+                exp.and_(*[self.expression(c, scope, "WHERE") for c in _conjuncts(where.this)]),
+            )
+        return node
 
     def decompose(
         self, rel: _Relation

@@ -6,9 +6,13 @@ SELECT o_orderkey, o_nope FROM orders
 CREATE VIEW v AS SELECT x.o_orderkey FROM orders o
 -- case: unknown table
 CREATE VIEW v AS SELECT * FROM ordrs
--- case: left join
+-- case: outer join of three inputs
 CREATE VIEW v AS
-SELECT o_orderkey FROM orders LEFT JOIN customer ON o_custkey = c_custkey
+SELECT o_orderkey FROM orders o LEFT JOIN customer c ON o.o_custkey = c.c_custkey JOIN customer d ON d.c_custkey = o.o_custkey
+-- case: outer join condition on the preserved side
+CREATE VIEW v AS SELECT o_orderkey FROM orders LEFT JOIN customer ON o_custkey = c_custkey AND o_totalprice > 10
+-- case: outer join non-equi condition
+CREATE VIEW v AS SELECT o_orderkey FROM orders FULL JOIN customer ON o_custkey < c_custkey
 -- case: cross join without key
 CREATE VIEW v AS SELECT o_orderkey FROM orders, customer WHERE o_totalprice > 10
 -- case: join using
