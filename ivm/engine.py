@@ -537,7 +537,7 @@ class Engine:
             self.refresh_arrangement(arrangement.key)
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
         delta_join = None
-        if done > 0 and plan.joins:
+        if done > 0 and plan.joins:  # joins and semi-joins
             lookup = partial(self._lookup, stats=stats if stats is not None else {})
             delta_join = partial(render_join_delta, lookup=lookup, old=done, new=target)
         return consolidate(render(plan.root, inputs, delta_join), plan.columns)

@@ -21,7 +21,7 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from ivm.plan.ir import Join, JoinInput
+from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
 from ops import DIFF, TIME
 from ops.stateless import spark_sql
@@ -83,9 +83,16 @@ def _pad(rows: DataFrame, join: Join, side: int, other_schema: DataFrame) -> Dat
     return rows.select(*cols, TIME, DIFF)
 
 
-def render_join_snapshot(join: Join, inputs: Mapping[str, DataFrame]) -> DataFrame:
+def render_join_snapshot(join: Join | SemiJoin, inputs: Mapping[str, DataFrame]) -> DataFrame:
     """The join of the inputs' snapshots (updates all at one time), by Spark; for an outer
-    join, plus each preserved input's rows without a match, padded with NULLs."""
+    join, plus each preserved input's rows without a match, padded with NULLs; for a
+    semi-join, the input's rows with (anti: without) a match."""
+    if isinstance(join, SemiJoin):
+        mine = prepare(join.input, inputs[join.input.get.collection])
+        other = prepare(join.other, inputs[join.other.get.collection])
+        keys = other.select(*[F.col(f"`{b}`") for _, b in join.keys]).distinct()
+        how = "left_anti" if join.anti else "left_semi"
+        return mine.join(keys, _condition(mine, keys, list(join.keys)), how)
     (first, *_) = plan_paths(join)
     stream = prepare(join.inputs[first.source], inputs[join.inputs[first.source].get.collection])
     for stage in first.stages:
@@ -103,9 +110,23 @@ def render_join_snapshot(join: Join, inputs: Mapping[str, DataFrame]) -> DataFra
 
 
 def render_join_delta(
-    join: Join, deltas: Mapping[str, DataFrame], lookup: Lookup, *, old: int, new: int
+    join: Join | SemiJoin,
+    deltas: Mapping[str, DataFrame],
+    lookup: Lookup,
+    *,
+    old: int,
+    new: int,
 ) -> DataFrame:
     """The join's updates in ``(old, new]`` by one delta path per input (see module doc)."""
+    if isinstance(join, SemiJoin):
+        anti = _anti_delta(join.input, join.other, list(join.keys), deltas, lookup, old, new)
+        if join.anti:
+            return anti
+        # semi(A, B) = A - anti(A, B), so Δsemi = ΔA - Δanti.
+        changes = prepare(join.input, deltas[join.input.get.collection]).withColumn(
+            TIME, F.lit(new).cast("bigint")
+        )
+        return changes.unionByName(anti.withColumn(DIFF, -F.col(DIFF)))
     parts = []
     for path in plan_paths(join):
         inp = join.inputs[path.source]
@@ -124,60 +145,57 @@ def render_join_delta(
             stream = _join_stage(stream, right, stage)
         parts.append(_ordered(stream, join))
     for side in join.preserve:
-        parts.append(_unmatched_delta(join, side, deltas, lookup, old=old, new=new))
+        pairs = _key_pairs(join, side)
+        mine, other = join.inputs[side], join.inputs[1 - side]
+        unmatched = _anti_delta(mine, other, pairs, deltas, lookup, old, new)
+        other_schema = prepare(other, deltas[other.get.collection])
+        parts.append(_pad(unmatched, join, side, other_schema))
     return reduce(DataFrame.unionByName, parts)
 
 
-def _stage_for(join: Join, side: int, keys: list[str]) -> LookupStage:
-    """A lookup of input ``side`` by its columns ``keys`` (outer-join bookkeeping)."""
-    inp = join.inputs[side]
+def _stage_for(inp: JoinInput, keys: list[str]) -> LookupStage:
+    """A lookup of ``inp`` by its columns ``keys`` (match-count bookkeeping)."""
     cols = tuple(inp.source_column(k) or k for k in keys)
-    return LookupStage(
-        side,
-        ArrangementKey(inp.get.collection, inp.get.kind, cols),
-        tuple(keys),
-        tuple(keys),
-        "new",
-    )
+    arrangement = ArrangementKey(inp.get.collection, inp.get.kind, cols)
+    return LookupStage(0, arrangement, tuple(keys), tuple(keys), "new")
 
 
-def _unmatched_delta(
-    join: Join, side: int, deltas: Mapping[str, DataFrame], lookup: Lookup, *, old: int, new: int
+def _anti_delta(
+    mine_inp: JoinInput,
+    other_inp: JoinInput,
+    pairs: list[tuple[str, str]],
+    deltas: Mapping[str, DataFrame],
+    lookup: Lookup,
+    old: int,
+    new: int,
 ) -> DataFrame:
-    """The change of ``side``'s unmatched rows (seed 001's outer joins, by match counts):
+    """The change of ``mine``'s rows without a match in ``other`` (anti-join), by match counts:
 
-    ``U(new) - U(old) = ΔS ▷ O(new) + S(old) ⋈ flip``, where ``flip(k) = [c_new(k) = 0] -
+    ``U(new) - U(old) = ΔM ▷ O(new) + M(old) ⋈ flip``, where ``flip(k) = [c_new(k) = 0] -
     [c_old(k) = 0]`` for the keys the other input's change touched, and ``c(k)`` counts the
-    other input's rows with key ``k`` (looked up in its arrangement at old and new).
+    other input's rows with key ``k`` (looked up in its arrangement at old and new). Rows of
+    ``mine`` whose key is NULL never match. Returns ``mine``'s columns at time ``new``.
     """
-    other = 1 - side
-    mine_inp, other_inp = join.inputs[side], join.inputs[other]
-    pairs = _key_pairs(join, side)
     mine_keys = [m for m, _ in pairs]
     other_keys = [o for _, o in pairs]
-    other_stage = _stage_for(join, other, other_keys)
-    mine_stage = _stage_for(join, side, mine_keys)
+    other_stage = _stage_for(other_inp, other_keys)
+    mine_stage = _stage_for(mine_inp, mine_keys)
 
     def other_rows(keys: DataFrame, at: int) -> DataFrame:
         return prepare(other_inp, lookup(other_stage, keys, at).withColumn(TIME, F.lit(new)))
 
-    def as_other_key(df: DataFrame, cols: list[str]) -> DataFrame:
-        return df.select(
-            *[
-                F.col(f"`{c}`").alias(k)
-                for c, k in zip(cols, other_stage.arrangement.key, strict=True)
-            ]
-        )
+    def renamed(df: DataFrame, cols: list[str], names: tuple[str, ...]) -> DataFrame:
+        return df.select(*[F.col(f"`{c}`").alias(k) for c, k in zip(cols, names, strict=True)])
 
-    # 1. Changed rows of this side that match nothing at the new time.
+    # 1. Changed rows of `mine` that match nothing at the new time.
     d_mine = prepare(mine_inp, deltas[mine_inp.get.collection])
-    matches_new = other_rows(as_other_key(d_mine, mine_keys), new)
+    matches_new = other_rows(renamed(d_mine, mine_keys, other_stage.arrangement.key), new)
     present = matches_new.select(*[F.col(f"`{o}`") for o in other_keys]).distinct()
     part1 = d_mine.join(present, _condition(d_mine, present, pairs), "left_anti")
 
-    # 2. Keys whose match count crossed zero: this side's old rows with those keys flip.
+    # 2. Keys whose match count crossed zero: `mine`'s old rows with those keys flip.
     d_other = prepare(other_inp, deltas[other_inp.get.collection])
-    touched = as_other_key(d_other, other_keys).distinct()
+    touched = renamed(d_other, other_keys, other_stage.arrangement.key).distinct()
 
     def counts(at: int, name: str) -> DataFrame:
         rows = other_rows(touched, at)
@@ -196,17 +214,11 @@ def _unmatched_delta(
         )
         .where(F.col("_flip") != 0)
     )
-    flip_keys = flips.select(
-        *[
-            F.col(f"`{o}`").alias(k)
-            for o, k in zip(other_keys, mine_stage.arrangement.key, strict=True)
-        ]
-    )
+    flip_keys = renamed(flips, other_keys, mine_stage.arrangement.key)
     old_rows = prepare(mine_inp, lookup(mine_stage, flip_keys, old).withColumn(TIME, F.lit(new)))
     part2 = (
         old_rows.join(flips, _condition(old_rows, flips, pairs), "inner")
         .withColumn(DIFF, F.col(DIFF) * F.col("_flip"))
         .select(*[F.col(f"`{c}`") for c in mine_inp.columns], TIME, DIFF)
     )
-    unmatched = part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
-    return _pad(unmatched, join, side, matches_new)
+    return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from ivm.plan.ir import Filter, Get, Join, Node, Project, UnionAll
+from ivm.plan.ir import Filter, Get, Join, Node, Project, SemiJoin, UnionAll
 from ivm.sql.parse import DIALECT
 from ops import DIFF, TIME
 
@@ -25,7 +25,7 @@ def spark_sql(e: exp.Expression) -> str:
     return e.sql(dialect=DIALECT, identify=True)
 
 
-JoinRenderer = Callable[[Join, Mapping[str, DataFrame]], DataFrame]
+JoinRenderer = Callable[[Join | SemiJoin, Mapping[str, DataFrame]], DataFrame]
 
 
 def render(
@@ -42,7 +42,7 @@ def render(
     Returns:
         DataFrame ``(node.columns..., _time, _diff)``.
     """
-    if isinstance(node, Join):
+    if isinstance(node, (Join, SemiJoin)):
         from ops.join import render_join_snapshot
 
         return join(node, inputs) if join is not None else render_join_snapshot(node, inputs)

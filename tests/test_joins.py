@@ -46,6 +46,20 @@ VIEWS = {
         SELECT o.o_id, l.l_order, l.l_no
         FROM orders o FULL OUTER JOIN lines l ON o.o_id = l.l_order
     """,
+    "orders_with_lines": """
+        CREATE VIEW orders_with_lines AS
+        SELECT o_id, o_status FROM orders o
+        WHERE o_total > 100 AND EXISTS (SELECT 1 FROM lines l WHERE l.l_order = o.o_id AND l_qty > 10)
+    """,
+    "orders_without_lines": """
+        CREATE VIEW orders_without_lines AS
+        SELECT o_id, o_cust FROM orders
+        WHERE NOT EXISTS (SELECT * FROM lines WHERE l_order = o_id)
+    """,
+    "orders_of_auto": """
+        CREATE VIEW orders_of_auto AS
+        SELECT o_id, o_total FROM orders WHERE o_cust IN (SELECT c_id FROM customers WHERE c_seg = 'AUTO')
+    """,
     "open_by_seg": """
         CREATE VIEW open_by_seg AS
         SELECT ol.o_id, ol.amount, c.c_seg
@@ -92,5 +106,6 @@ def test_views_share_arrangements(make_project, tmp_path):
         "open_by_seg",
         "orders_left_customers",
         "customers_right_orders",
+        "orders_of_auto",
     }
     assert {k.name for k in arrangements} >= {"orders__by__o_id", "lines__by__l_order"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ivm.plan.ir import Filter, Get, Join, Node, Project, UnionAll
+from ivm.plan.ir import Filter, Get, Join, JoinInput, Node, Project, SemiJoin, UnionAll
 from ivm.plan.join import plan_paths
 from ivm.plan.planner import ProjectPlan, ViewPlan
 from ivm.sql.parse import DIALECT
@@ -80,10 +80,35 @@ def _join_lines(node: Join, depth: int) -> list[str]:
     return lines
 
 
+def _input_text(inp: JoinInput) -> str:
+    text = f"Get {inp.get.kind} {inp.get.collection} [{', '.join(inp.get.columns)}]"
+    if inp.predicate is not None:
+        text += f" | Filter {inp.predicate.sql(dialect=DIALECT)}"
+    return text
+
+
+def _semi_lines(node: SemiJoin, depth: int) -> list[str]:
+    pad = "  " * depth
+    mine, other = node.input.alias, node.other.alias
+    keys = ", ".join(f"{mine}.{a} = {_pretty(b)}" for a, b in node.keys)
+    (forward, backward) = plan_paths(node.as_join)
+    return [
+        pad + f"{'AntiJoin (NOT EXISTS)' if node.anti else 'SemiJoin (EXISTS/IN)'} on {keys}",
+        pad + f"  input {mine}: {_input_text(node.input)}",
+        pad + f"  subquery {other}: {_input_text(node.other)}",
+        pad
+        + f"  maintained by match counts: Δ{mine} checked against {forward.stages[0].arrangement} "
+        f"at new; {mine} rows at old (via {backward.stages[0].arrangement}) for keys whose "
+        f"{other} match count crossed zero",
+    ]
+
+
 def _node_lines(node: Node, depth: int) -> list[str]:
     pad = "  " * depth
     if isinstance(node, Join):
         return _join_lines(node, depth)
+    if isinstance(node, SemiJoin):
+        return _semi_lines(node, depth)
     if isinstance(node, Get):
         head = f"Get {node.kind} {node.collection} [{', '.join(node.columns)}]"
     elif isinstance(node, Filter):

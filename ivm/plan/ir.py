@@ -229,13 +229,53 @@ class Join:
         raise InvariantViolation(f"no join input has column {column!r}")
 
 
-Node = Get | Filter | Project | UnionAll | Join
+@dataclass(frozen=True, slots=True)
+class SemiJoin:
+    """Rows of ``input`` with a match in ``other`` on ``keys`` (``anti``: with none).
+
+    ``EXISTS``, ``NOT EXISTS`` and ``IN (subquery)`` lower to this. Not bilinear: an ``other``
+    change flips the rows of ``input`` whose key's match count crosses zero, so it is
+    maintained with per-key counts read from ``other``'s arrangement at the old and new times
+    (see :mod:`ops.join`). NULL keys match nothing, as SQL's equality says.
+
+    Attributes:
+        input: the rows kept or dropped; its outputs are the node's columns.
+        other: the subquery's collection, its own filter, and its key columns as outputs.
+        keys: ``(input column, other column)`` pairs that must be equal.
+        anti: keep the rows *without* a match.
+    """
+
+    input: JoinInput
+    other: JoinInput
+    keys: tuple[tuple[str, str], ...]
+    anti: bool
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise InvariantViolation("a semi-join needs at least one key equality")
+        for mine, theirs in self.keys:
+            if mine not in self.input.columns or theirs not in self.other.columns:
+                raise InvariantViolation(f"semi-join key {mine} = {theirs} is not in its inputs")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.input.columns
+
+    @property
+    def as_join(self) -> Join:
+        """The same two inputs as a join (for path planning and arrangements)."""
+        return Join((self.input, self.other), tuple(((0, a), (1, b)) for a, b in self.keys))
+
+
+Node = Get | Filter | Project | UnionAll | Join | SemiJoin
 
 
 def walk(node: Node) -> list[Node]:
     """``node`` and every node under it, parents first (join inputs' Gets included)."""
     if isinstance(node, Join):
         return [node, *(inp.get for inp in node.inputs)]
+    if isinstance(node, SemiJoin):
+        return [node, node.input.get, node.other.get]
     if isinstance(node, Get):
         return [node]
     out: list[Node] = [node]
@@ -250,6 +290,8 @@ def collections(node: Node) -> list[Get]:
         return [node]
     if isinstance(node, Join):
         return [inp.get for inp in node.inputs]
+    if isinstance(node, SemiJoin):
+        return [node.input.get, node.other.get]
     out: list[Get] = []
     for child in node.inputs:
         out.extend(collections(child))
@@ -284,6 +326,9 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
         return Project(child, outputs)
     if isinstance(node, Join):
         return _demand_join(node, want)
+    if isinstance(node, SemiJoin):
+        as_join = _demand_join(Join((node.input, node.other), node.as_join.equivalences), want)
+        return SemiJoin(as_join.inputs[0], as_join.inputs[1], node.keys, node.anti)
     # UnionAll: positional, so every branch keeps the same positions.
     positions = [i for i, c in enumerate(node.columns) if c in want]
     branches = []
@@ -339,7 +384,7 @@ def simplify(node: Node) -> Node:
         return node
     if isinstance(node, UnionAll):
         return UnionAll(tuple(simplify(b) for b in node.branches))
-    if isinstance(node, Join):
+    if isinstance(node, (Join, SemiJoin)):
         return node
     child = simplify(node.input)
     if isinstance(node, Filter):

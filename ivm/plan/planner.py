@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from graphlib import CycleError, TopologicalSorter
 
 from ivm.errors import ConfigError, SqlError
-from ivm.plan.ir import Get, Join, Node, collections, walk
+from ivm.plan.ir import Get, Join, Node, SemiJoin, collections, walk
 from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
 from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
 from ivm.sql.parse import ParsedView
@@ -49,7 +49,14 @@ class ViewPlan:
 
     @property
     def joins(self) -> list[Join]:
-        return [n for n in walk(self.root) if isinstance(n, Join)]
+        """Joins, and semi-joins as the two-input joins whose arrangements they read."""
+        out = []
+        for n in walk(self.root):
+            if isinstance(n, Join):
+                out.append(n)
+            elif isinstance(n, SemiJoin):
+                out.append(n.as_join)
+        return out
 
     def paths(self, join: Join) -> tuple[DeltaPath, ...]:
         return plan_paths(join, self.name)

@@ -26,6 +26,7 @@ from ivm.plan.ir import (
     JoinInput,
     Node,
     Project,
+    SemiJoin,
     UnionAll,
     _substitute,
     collections,
@@ -237,7 +238,17 @@ class _Lowerer:
         else:
             node = relations[0].node
             if isinstance(where, exp.Where):
-                node = Filter(node, self.expression(where.this, scope, "WHERE"))
+                conjuncts = _conjuncts(where.this)
+                subqueries = [c for c in conjuncts if _subquery_predicate(c) is not None]
+                plain = [c for c in conjuncts if _subquery_predicate(c) is None]
+                if len(subqueries) > 1:
+                    raise self.unsupported(
+                        "more than one EXISTS/IN subquery in WHERE", subqueries[1]
+                    )
+                if subqueries:
+                    node = self.semi_join(relations[0], subqueries[0], plain, ctes)
+                else:
+                    node = Filter(node, self.expression(where.this, scope, "WHERE"))
         rel = scope
         outputs: list[tuple[str, exp.Expression]] = []
         for item in s.expressions:
@@ -402,6 +413,128 @@ class _Lowerer:
             )
         return node
 
+    def semi_join(
+        self,
+        outer: _Relation,
+        predicate: exp.Expression,
+        others: list[exp.Expression],
+        ctes: Mapping[str, Node],
+    ) -> Node:
+        """``[NOT] EXISTS (SELECT ... FROM b WHERE b.k = a.k ...)`` or ``a.k IN (SELECT b.k ...)``.
+
+        The subquery reads one collection; its WHERE may hold equalities with the outer row
+        (the keys) and conditions on its own columns (its filter).
+        """
+        kind, query, probe = _subquery_predicate(predicate)
+        if kind == "NOT IN":
+            raise self.unsupported(
+                "NOT IN (subquery) (its NULL rules make one NULL in the subquery empty the "
+                "result; write NOT EXISTS if the column has no NULLs)",
+                predicate,
+            )
+        select = query
+        while isinstance(select, exp.Subquery):
+            select = select.this
+        if not isinstance(select, exp.Select):
+            raise self.unsupported(f"{kind} over a set operation", predicate)
+        for key, construct in _UNSUPPORTED_CLAUSES.items():
+            value = _arg(select, key)
+            if value:
+                raise self.unsupported(f"{construct} inside {kind}", predicate)
+        if _arg(select, "joins"):
+            raise self.unsupported(f"a join inside {kind} (define it as a view)", predicate)
+        from_ = _arg(select, "from")
+        if not isinstance(from_, exp.From):
+            raise self.unsupported(f"{kind} without FROM", predicate)
+        inner = self.relation(from_.this, ctes)
+        if inner.qualifiers & outer.qualifiers:
+            raise self.error(
+                f"the subquery's table has the outer query's name {inner.alias!r}: alias one",
+                from_.this,
+            )
+        pair = _Scope((outer, inner))
+        inner_cols = set(inner.node.columns)
+
+        def qualify(e: exp.Expression) -> exp.Expression:
+            # SQL scoping: an unqualified name is the subquery's column if it has one.
+            def q(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, exp.Column) and not n.table:
+                    owner = inner if n.name.lower() in inner_cols else outer
+                    return exp.column(n.name, table=owner.alias)
+                return n
+
+            return e.copy().transform(q)
+
+        conjuncts = []
+        where = _arg(select, "where")
+        if isinstance(where, exp.Where):
+            conjuncts = [qualify(c) for c in _conjuncts(where.this)]
+        keys: list[tuple[str, str]] = []
+        inner_filters: list[exp.Expression] = []
+        for original in conjuncts:
+            c = self.expression(original, pair, "WHERE")
+            owners = {pair.owner(n) for n in referenced_columns(c)}
+            if owners == {1}:
+                inner_filters.append(c)
+            elif (
+                isinstance(c, exp.EQ)
+                and owners == {0, 1}
+                and isinstance(c.this, exp.Column)
+                and isinstance(c.expression, exp.Column)
+            ):
+                a, b = sorted([c.this.name, c.expression.name], key=pair.owner)
+                keys.append((a, b))
+            else:
+                raise self.unsupported(
+                    f"condition {original.sql(dialect='spark')!r} inside {kind} (use "
+                    "equalities with the outer row and conditions on the subquery's own columns)",
+                    original,
+                )
+        if probe is not None:
+            if len(select.expressions) != 1:
+                raise self.error("the IN subquery must select exactly one column", select)
+            if isinstance(probe, exp.Column) and not probe.table:
+                probe = exp.column(probe.name, table=outer.alias)
+            left = self.expression(probe, pair, "WHERE")
+            item = select.expressions[0]
+            item = item.this if isinstance(item, exp.Alias) else item
+            right = self.expression(qualify(item), pair, "WHERE")
+            if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
+                raise self.unsupported(
+                    "IN (subquery) over expressions (compare columns)", predicate
+                )
+            if pair.owner(left.name) != 0 or pair.owner(right.name) != 1:
+                raise self.unsupported(
+                    "IN (subquery) that does not compare an outer column", predicate
+                )
+            keys.append((left.name, right.name))
+        if not keys:
+            raise self.unsupported(
+                f"uncorrelated {kind} (it tests whether the subquery is empty at all)", predicate
+            )
+        get_a, pred_a, out_a = self.decompose(outer)
+        get_b, pred_b, out_b = self.decompose(inner)
+        sub_b = {pair.internal(1, c): out_b[c] for c in inner.node.columns}
+        single = _Scope((outer,))
+        a_filters = [pred_a] if pred_a is not None else []
+        a_filters += [_substitute(self.expression(o, single, "WHERE"), out_a) for o in others]
+        b_filters = [pred_b] if pred_b is not None else []
+        b_filters += [_substitute(f, sub_b) for f in inner_filters]
+        mine = JoinInput(
+            get_a,
+            outer.alias,
+            exp.and_(*a_filters) if a_filters else None,
+            tuple((c, out_a[c]) for c in outer.node.columns),
+        )
+        theirs = JoinInput(
+            get_b,
+            inner.alias,
+            exp.and_(*b_filters) if b_filters else None,
+            tuple((b, sub_b[b]) for b in dict.fromkeys(b for _, b in keys)),
+        )
+        plain_keys = tuple((a.split("__", 1)[1], b) for a, b in keys)
+        return SemiJoin(mine, theirs, plain_keys, anti=kind == "NOT EXISTS")
+
     def decompose(
         self, rel: _Relation
     ) -> tuple[Get, exp.Expression | None, dict[str, exp.Expression]]:
@@ -546,6 +679,21 @@ class _Lowerer:
             return exp.column(rel.internal(candidates[0], name))
 
         return e.copy().transform(resolve)
+
+
+def _subquery_predicate(
+    e: exp.Expression,
+) -> tuple[str, exp.Expression, exp.Expression | None] | None:
+    """``(kind, subquery, probe)`` for ``[NOT] EXISTS (q)`` / ``x [NOT] IN (q)``, else None."""
+    negated = isinstance(e, exp.Not)
+    inner = e.this if negated else e
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.Exists):
+        return ("NOT EXISTS" if negated else "EXISTS", inner.this, None)
+    if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+        return ("NOT IN" if negated else "IN", inner.args["query"], inner.this)
+    return None
 
 
 def _conjuncts(e: exp.Expression) -> list[exp.Expression]:

@@ -35,8 +35,14 @@ CREATE VIEW v AS SELECT o_custkey FROM orders UNION SELECT c_custkey FROM custom
 CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 10
 -- case: window
 CREATE VIEW v AS SELECT o_orderkey, row_number() OVER (ORDER BY o_totalprice) AS rn FROM orders
--- case: subquery in where
-CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_custkey IN (SELECT c_custkey FROM customer)
+-- case: not in subquery
+CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_custkey NOT IN (SELECT c_custkey FROM customer)
+-- case: uncorrelated exists
+CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_name = 'x')
+-- case: subquery in select list
+CREATE VIEW v AS SELECT o_orderkey, (SELECT max(c_custkey) FROM customer) AS m FROM orders
+-- case: non-equi correlation
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey)
 -- case: nondeterministic
 CREATE VIEW v AS SELECT o_orderkey, rand() AS r FROM orders
 -- case: current_date
