@@ -445,7 +445,7 @@ class Engine:
         info = last_commit_metadata(log_uri, LOG_START)
         return int(info[LOG_START]) if info else 0
 
-    def _rebuild_updates(self, plan: ViewPlan, log_done: int, target: int):  # noqa: C901
+    def _rebuild_updates(self, plan: ViewPlan, log_done: int, target: int):
         """Updates that take the stored view (at ``log_done``) to a fresh computation at ``target``.
 
         Returns:
@@ -616,7 +616,7 @@ class Engine:
         The analogue of Materialize's ``mz_arrangement_sizes`` and ``mz_arrangement_sharing``.
         """
         out = []
-        for key, aplan in (self.plan.arrangements or {}).items():
+        for key, aplan in self.plan.arrangements.items():
             uri = self.arrangement_uri(key)
             dt = open_table(uri)
             rows = size = files = 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
@@ -45,8 +45,9 @@ for Parquet; around 1,000 values that chain overflows a task thread's stack, so 
 sets are split into several scans (each prunes files by its own key range)."""
 
 MAX_PUSHDOWN_SCANS = 25
-"""Beyond this many scans (10,000 keys) a lookup reads the arrangement once and semi-joins:
-the change is then large enough that a scan is proportionate."""
+"""Beyond this many scans (10,000 keys), or when the keys are so many that about one page
+per key would cover the arrangement anyway, a lookup reads it once and semi-joins: the
+change is then large enough that a scan is proportionate."""
 
 ROWS_PER_FILE = 500_000
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -74,11 +75,6 @@ class LookupStats:
 
     def as_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
-
-
-@dataclass
-class ArrangementStats:
-    per_arrangement: dict[str, LookupStats] = field(default_factory=dict)
 
 
 def write_updates(
@@ -147,15 +143,16 @@ def lookup(
     rows = wanted.collect()
     stats = LookupStats(lookups=1, keys=len(rows))
     columns = [c for c in schema.names if c not in (TIME, DIFF)]
-    files = [f for f in table_file_stats(uri, [key[0], TIME])]
+    files = table_file_stats(uri, [key[0], TIME])
     stats.files_total = len(files)
     stats.rows_total = sum(f.file.num_records or 0 for f in files)
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     first = sorted({r[0] for r in rows})
     k0 = F.col(f"`{key[0]}`")
+    live_rows = sum(f.file.num_records or 0 for f in live)
     if not first:
         scans = []
-    elif len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS:
+    elif len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS and len(first) * PAGE_ROWS < live_rows:
         scans = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
             chunk = first[i : i + PUSHDOWN_KEYS]

@@ -46,6 +46,11 @@ VIEWS = {
         SELECT o.o_id, l.l_order, l.l_no
         FROM orders o FULL OUTER JOIN lines l ON o.o_id = l.l_order
     """,
+    "line_pairs": """
+        CREATE VIEW line_pairs AS
+        SELECT a.l_order, a.l_no, a.l_qty, b.l_price
+        FROM lines a JOIN lines b ON a.l_order = b.l_order AND a.l_no = b.l_no
+    """,
     "orders_with_lines": """
         CREATE VIEW orders_with_lines AS
         SELECT o_id, o_status FROM orders o

@@ -167,7 +167,7 @@ def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
         f"  inputs: {inputs}",
     ]
     for key in arrangements:
-        plan = (project.arrangements or {}).get(key) if project else None
+        plan = project.arrangements.get(key) if project else None
         detail = (
             f" holding [{', '.join(plan.columns)}], shared by {', '.join(plan.users)}"
             if plan

@@ -12,7 +12,7 @@ each view reads inputs that already hold epoch ``e``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
 from ivm.errors import ConfigError, SqlError
@@ -101,10 +101,10 @@ class ProjectPlan:
 
     views: Mapping[str, ViewPlan]
     sources: Mapping[str, tuple[str, ...]]
-    arrangements: Mapping[ArrangementKey, ArrangementPlan] = None  # type: ignore[assignment]
+    arrangements: Mapping[ArrangementKey, ArrangementPlan] = field(default_factory=dict)
 
     def arrangements_of(self, view: str) -> list[ArrangementPlan]:
-        return [a for a in (self.arrangements or {}).values() if view in a.users]
+        return [a for a in self.arrangements.values() if view in a.users]
 
     @property
     def order(self) -> tuple[str, ...]:

@@ -308,7 +308,12 @@ class _Lowerer:
         kind = str(j.args.get("kind") or "").upper()
         if side and (kind not in ("", "OUTER") or count != 2):
             raise self.unsupported(
-                self._join_name(j) + (" with more than two inputs" if count != 2 else ""),
+                self._join_name(j)
+                + (
+                    " with more than two inputs (define the inner part as a view and outer-join it)"
+                    if count != 2
+                    else ""
+                ),
                 self._located(j.this, j),
             )
         if not side and kind not in ("", "INNER", "CROSS"):
