@@ -101,7 +101,7 @@ def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, An
 
     status = engine.view_status(name)
     table_uri = engine.layout.view_table(name)
-    schema = engine._schema(table_uri)
+    schema = engine.table_schema(table_uri)
     columns = dg.TableSchema(
         columns=[dg.TableColumn(f.name, str(f.type)) for f in pa.schema(schema)]
     )

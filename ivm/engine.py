@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -70,7 +70,6 @@ class ViewResult:
     timings: dict[str, float] = field(default_factory=dict)
     log_files_read: int = 0
     files_rewritten: int = 0
-    table_rows: int | None = None
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
 
@@ -85,6 +84,8 @@ class ViewResult:
             "seconds": round(self.seconds, 3),
             "status": self.status,
             "files_rewritten": self.files_rewritten,
+            "log_files_read": self.log_files_read,
+            **{f"delta_version_{k}": v for k, v in self.commit_versions.items()},
             **{f"seconds_{k}": round(v, 3) for k, v in self.timings.items()},
             **{
                 f"arrangement {name}: {k}": v
@@ -462,7 +463,7 @@ class Engine:
 
         fresh = self._view_updates(plan, 0, target)
         log_uri, table_uri = self.layout.view_log(plan.name), self.layout.view_table(plan.name)
-        stored_schema = self._schema(log_uri)
+        stored_schema = self.table_schema(log_uri)
         if not same_columns(arrow_schema(fresh), stored_schema):
             self.progress(f"{plan.name}: columns changed; the diff log starts anew")
             return fresh, True
@@ -470,7 +471,7 @@ class Engine:
         stored = view_state(
             self.spark,
             table_uri,
-            self._schema(table_uri),
+            self.table_schema(table_uri),
             log_uri,
             stored_schema,
             log_done,
@@ -494,12 +495,12 @@ class Engine:
         spark = self.spark
         if coll in self.plan.views:
             up_log, up_table = self.layout.view_log(coll), self.layout.view_table(coll)
-            log_schema = self._schema(up_log)
+            log_schema = self.table_schema(up_log)
             if done == 0:
                 return view_state(
                     spark,
                     up_table,
-                    self._schema(up_table),
+                    self.table_schema(up_table),
                     up_log,
                     log_schema,
                     target,
@@ -665,7 +666,7 @@ class Engine:
         df, st = lookup(
             self.spark,
             uri,
-            self._schema(uri),
+            self.table_schema(uri),
             stage.arrangement.key,
             keys,
             as_of,
@@ -680,10 +681,10 @@ class Engine:
         from ops.ingest import view_changes
 
         log_uri = self.layout.view_log(plan.name)
-        df, files = view_changes(self.spark, log_uri, self._schema(log_uri), table_done, target)
+        df, files = view_changes(self.spark, log_uri, self.table_schema(log_uri), table_done, target)
         return consolidate(df, plan.columns, by_time=False), files
 
-    def _schema(self, uri: str) -> pa.Schema:
+    def table_schema(self, uri: str) -> pa.Schema:
         dt = open_table(uri)
         if dt is None:
             raise InvariantViolation(f"{uri}: expected table is missing")
@@ -714,8 +715,3 @@ class Engine:
             "sources": sources,
             "views": views,
         }
-
-
-def view_paths(layout: LakeLayout, name: str) -> Mapping[str, str]:
-    """Where a view's tables live (documented in the README)."""
-    return {"table": layout.view_table(name), "log": layout.view_log(name)}

@@ -30,14 +30,8 @@ from pyspark.sql import functions as F
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
-from ops.sink import arrow_schema
-from resources.lake import (
-    CommitResult,
-    collect_staged,
-    commit_files,
-    staging_uri,
-    table_file_stats,
-)
+from ops.sink import append_updates
+from resources.lake import CommitResult, table_file_stats
 
 PUSHDOWN_KEYS = 400
 """Keys per pushed-down ``key IN (...)`` scan. Spark turns the list into a chain of ORs
@@ -95,28 +89,20 @@ def write_updates(
         updates = updates.repartitionByRange(n_files, *cols)
     else:
         updates = updates.coalesce(1)
-    updates = updates.sortWithinPartitions(*cols, TIME)
-    staged_uri = staging_uri(uri, epoch, "updates")
-    (
-        updates.write.option("parquet.block.size", ROW_GROUP_BYTES)
-        .option("parquet.page.row.count.limit", PAGE_ROWS)
-        .option("parquet.page.size", 64 * 1024)
-        .mode("errorifexists")
-        .parquet(staged_uri)
-    )
-    staged = collect_staged(uri, staged_uri)
-    result = commit_files(
+    return append_updates(
+        updates.sortWithinPartitions(*cols, TIME),
         uri,
         app_id=app_id,
         epoch=epoch,
-        schema=arrow_schema(updates),
-        adds=staged.adds,
         metadata=metadata,
-        description=f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)",
         overwrite=overwrite,
+        description=f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)",
+        parquet_options={
+            "parquet.block.size": ROW_GROUP_BYTES,
+            "parquet.page.row.count.limit": PAGE_ROWS,
+            "parquet.page.size": 64 * 1024,
+        },
     )
-    result.rows, result.bytes = staged.rows, staged.bytes
-    return result
 
 
 def lookup(

@@ -72,17 +72,23 @@ def append_updates(
     epoch: int,
     metadata: Mapping[str, str],
     overwrite: bool = False,
+    description: str = "ivm diff log: the view's updates (columns..., _time, _diff)",
+    parquet_options: Mapping[str, object] | None = None,
 ) -> CommitResult:
-    """Write consolidated updates as new files of the diff log and commit them once.
+    """Write consolidated updates as new files of an update log and commit them once.
 
-    ``overwrite`` replaces the log's whole history (and schema) by these updates, in one
-    commit: used when a view's definition changed its columns.
+    Used for views' diff logs and for arrangements (which pass their sort order and Parquet
+    page settings). ``overwrite`` replaces the log's whole history (and schema) by these
+    updates, in one commit: used when a definition changed its columns.
 
     The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
     staged_uri = staging_uri(log_uri, epoch, "updates")
-    updates.write.mode("errorifexists").parquet(staged_uri)
+    writer = updates.write.mode("errorifexists")
+    for option, value in (parquet_options or {}).items():
+        writer = writer.option(option, value)
+    writer.parquet(staged_uri)
     staged = collect_staged(log_uri, staged_uri)
     result = commit_files(
         log_uri,
@@ -91,7 +97,7 @@ def append_updates(
         schema=arrow_schema(updates),
         adds=staged.adds,
         metadata=metadata,
-        description="ivm diff log: the view's updates (columns..., _time, _diff)",
+        description=description,
         overwrite=overwrite,
     )
     result.rows, result.bytes = staged.rows, staged.bytes
