@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get(CONFIG_ENV, "."),
         help=f"project directory or ivm.toml (default: ${CONFIG_ENV} or the current directory)",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress in detail")
+    p.add_argument("-v", "--verbose", action="store_true", help="also log engine details")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines on stderr during refresh"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("refresh", help="run one epoch: bring every view up to date")
     r.add_argument("views", nargs="*", help="only these views (default: all)")
@@ -201,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ivm.engine import Engine
 
     try:
-        progress = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
+        show_progress = args.command == "refresh" and not args.quiet or args.verbose
+        progress = (lambda m: print(m, file=sys.stderr, flush=True)) if show_progress else None
         engine = Engine(args.project, progress=progress)
         if args.command == "refresh":
             return _refresh(engine, args)

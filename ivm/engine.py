@@ -258,7 +258,9 @@ class Engine:
                     for s, (lo, up) in ranges.items()
                     if lo != up
                 )
-                self.progress(f"epoch {record.epoch} minted ({changed})")
+                self.progress(
+                    f"epoch {record.epoch} minted ({changed or 'no source changed: for rebuilds'})"
+                )
                 return record
             # Another refresher minted this epoch first: look again.
 
@@ -681,7 +683,9 @@ class Engine:
         from ops.ingest import view_changes
 
         log_uri = self.layout.view_log(plan.name)
-        df, files = view_changes(self.spark, log_uri, self.table_schema(log_uri), table_done, target)
+        df, files = view_changes(
+            self.spark, log_uri, self.table_schema(log_uri), table_done, target
+        )
         return consolidate(df, plan.columns, by_time=False), files
 
     def table_schema(self, uri: str) -> pa.Schema:

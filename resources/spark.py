@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 from ivm.errors import IvmError
 
+LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
 JAVA_HELP = (
     "Java 17 or newer is required for Spark. Install it, e.g. `sudo apt-get install "
     "openjdk-17-jre-headless` (Debian/Ubuntu), `brew install openjdk@17` (macOS), "
@@ -79,7 +81,8 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         # Arrangement lookups push `key IN (...)` into Parquet scans (row-group skipping).
         # (ops.arrange splits larger key sets: long IN lists overflow Spark's filter recursion.)
         "spark.sql.parquet.pushdown.inFilterThreshold": "400",
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=ERROR",
+        # Errors only from the JVM (Spark's startup WARN lines say nothing a user can act on).
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",
     }
     conf.update(overrides or {})
     return conf
