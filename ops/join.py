@@ -1,4 +1,4 @@
-"""Rendering of a Join: from scratch (snapshots joined by Spark) and by delta paths.
+"""Rendering of joins: from scratch (snapshots joined by Spark) and by delta paths.
 
 From scratch: ``A ⋈ B ⋈ C`` over the inputs' snapshots (diff = multiplicity), joined along
 the first path's order. Incremental (seed 001): one path per input; path ``i`` starts from
@@ -7,6 +7,12 @@ stream only, at the new time for inputs before ``i`` and the old time for inputs
 Diffs multiply; every output update is stamped with the new time. Both renderings apply each
 input's own filter and map before it meets the others, and each residual predicate as soon as
 all its inputs are joined.
+
+Outer joins add each preserved input's unmatched rows, and semi/anti joins keep an input's
+rows with (without) a match. Neither is bilinear, so their change is computed from per-key
+match counts (:func:`_anti_delta`): the changed rows checked at the new time, plus the old
+rows of keys whose count in the other input crossed zero; counts and rows come from the
+same shared arrangements, at the old and new times.
 
 Contract in ``(data, time, diff)`` terms: ``render_join_delta(old, new)`` returns exactly
 ``J(new) - J(old)`` for the join ``J``, as updates at time ``new``, given the inputs' updates
