@@ -85,10 +85,6 @@ class LakeLayout:
         return os.path.relpath(table_uri, root) if "://" not in root else table_uri[len(root) :]
 
 
-def is_table(uri: str) -> bool:
-    return DeltaTable.is_deltatable(uri)
-
-
 def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
     """The Delta table at ``uri`` (optionally at ``version``), or None if there is none."""
     try:

@@ -110,26 +110,6 @@ class ProjectPlan:
     def order(self) -> tuple[str, ...]:
         return tuple(self.views)
 
-    def downstream(self, name: str) -> list[str]:
-        """Views that read ``name`` directly or transitively, in refresh order."""
-        affected = {name}
-        out: list[str] = []
-        for v in self.views.values():
-            if affected & set(v.inputs):
-                affected.add(v.name)
-                out.append(v.name)
-        return out
-
-    def sources_of(self, name: str) -> tuple[str, ...]:
-        """Sources a view depends on, directly or through other views."""
-        seen: dict[str, None] = {}
-        for i in self.views[name].inputs:
-            if i in self.views:
-                seen.update(dict.fromkeys(self.sources_of(i)))
-            else:
-                seen[i] = None
-        return tuple(seen)
-
 
 def plan_views(
     parsed: Sequence[ParsedView], source_columns: Mapping[str, Sequence[str]]
