@@ -538,12 +538,62 @@ class Engine:
 
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
+        from ops.reduce import render_stateful
+
+        stats = stats if stats is not None else {}
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
         delta_join = None
         if done > 0 and plan.joins:  # joins and semi-joins
-            lookup = partial(self._lookup, stats=stats if stats is not None else {})
+            lookup = partial(self._lookup, stats=stats)
             delta_join = partial(render_join_delta, lookup=lookup, old=done, new=target)
-        return consolidate(render(plan.root, inputs, delta_join), plan.columns)
+        stateful = partial(render_stateful, store=self._state_store(plan, done, target, stats))
+        return consolidate(render(plan.root, inputs, delta_join, stateful), plan.columns)
+
+    def state_uri(self, view: str, table: str) -> str:
+        """Where a view's state table lives: ``state/<view>/<table>``."""
+        return f"{self.layout.root}/state/{view}/{table}"
+
+    def _state_store(self, plan: ViewPlan, done: int, target: int, stats: dict):
+        """The view's state tables as the reduce operators see them (see ops.reduce)."""
+        from ops.arrange import LookupStats, lookup, write_updates
+        from ops.reduce import StateStore
+
+        def write(table, updates) -> None:
+            uri = self.state_uri(plan.name, table.name)
+            if self.table_epoch(uri) >= target:
+                return  # written by an earlier attempt at this epoch
+            started = time.perf_counter()
+            result = write_updates(
+                updates,
+                uri,
+                table.key,
+                app_id=self.app_id(uri),
+                epoch=target,
+                metadata={"ivm.state": table.name, "ivm.view": plan.name},
+                overwrite=done == 0 and open_table(uri) is not None,
+            )
+            self.progress(
+                f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target} "
+                f"({time.perf_counter() - started:.2f}s)"
+            )
+
+        def read(table, key, keys, as_of):
+            uri = self.state_uri(plan.name, table.name)
+            df, st = lookup(
+                self.spark,
+                uri,
+                self.table_schema(uri),
+                list(key),
+                keys,
+                as_of,
+                measure=self.measure_lookups,
+                null_safe=True,
+                raw=True,
+            )
+            stats.setdefault(f"state {table.name}", LookupStats()).add(st)
+            return df
+
+        return StateStore(self.spark, done, target, write, read, self.progress)
 
     # -- arrangements ---------------------------------------------------------------------------
 

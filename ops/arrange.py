@@ -114,6 +114,8 @@ def lookup(
     as_of: int,
     *,
     measure: bool = False,
+    null_safe: bool = False,
+    raw: bool = False,
 ) -> tuple[DataFrame, LookupStats]:
     """The arrangement's state at ``as_of`` for the keys in ``keys`` (columns named ``key``).
 
@@ -124,8 +126,12 @@ def lookup(
     Args:
         measure: also run the scans once on their own and record the rows Spark actually
             read (``rows_scanned``); for benchmarks and notes, it costs an extra pass.
+        null_safe: NULL keys match NULL keys (grouping semantics: state tables), instead of
+            nothing (join semantics).
+        raw: return the matching updates themselves (``_time`` kept, nothing summed), for
+            state tables whose rows are sums rather than multiplicities.
     """
-    wanted = keys.dropna().distinct()
+    wanted = keys.distinct() if null_safe else keys.dropna().distinct()
     rows = wanted.collect()
     stats = LookupStats(lookups=1, keys=len(rows))
     columns = [c for c in schema.names if c not in (TIME, DIFF)]
@@ -133,11 +139,12 @@ def lookup(
     stats.files_total = len(files)
     stats.rows_total = sum(f.file.num_records or 0 for f in files)
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
-    first = sorted({r[0] for r in rows})
+    first = sorted({r[0] for r in rows if r[0] is not None})
+    null_first = any(r[0] is None for r in rows)
     k0 = F.col(f"`{key[0]}`")
     live_rows = sum(f.file.num_records or 0 for f in live)
     if not first:
-        scans = []
+        scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
     elif len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS and len(first) * PAGE_ROWS < live_rows:
         scans = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
@@ -145,8 +152,10 @@ def lookup(
             chosen = [f.file for f in live if _may_hold(f, key[0], chunk)]
             if chosen:
                 scans.append((chosen, k0.isin(chunk)))
+        if null_first:
+            scans.append(([f.file for f in live], k0.isNull()))
     else:
-        scans = [([f.file for f in live if _may_hold(f, key[0], first)], None)]
+        scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
     opened = {f.uri: f for chosen, _ in scans for f in chosen}
     stats.files_opened = len(opened)
     stats.rows_in_opened_files = sum(f.num_records or 0 for f in opened.values())
@@ -160,8 +169,14 @@ def lookup(
         df = reduce(DataFrame.unionByName, parts)
     if measure and parts:
         stats.rows_scanned = sum(_scanned_rows(p) for p in parts)
-    if len(key) > 1 or (scans and scans[0][1] is None):
+    if null_safe:
+        w = F.broadcast(wanted)
+        cond = reduce(lambda a, b: a & b, [df[f"`{k}`"].eqNullSafe(w[f"`{k}`"]) for k in key])
+        df = df.join(w, on=cond, how="left_semi")
+    elif len(key) > 1 or (scans and scans[0][1] is None):
         df = df.join(F.broadcast(wanted), on=list(key), how="left_semi")
+    if raw:
+        return df, stats
     return consolidate(df, columns, by_time=False), stats
 
 

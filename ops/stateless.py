@@ -15,7 +15,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from ivm.plan.ir import Filter, Get, Join, Node, Project, SemiJoin, UnionAll
+from ivm.errors import InvariantViolation
+from ivm.plan.ir import STATEFUL, Filter, Get, Join, Node, Project, SemiJoin, UnionAll
 from ivm.sql.parse import DIALECT
 from ops import DIFF, TIME
 
@@ -26,10 +27,14 @@ def spark_sql(e: exp.Expression) -> str:
 
 
 JoinRenderer = Callable[[Join | SemiJoin, Mapping[str, DataFrame]], DataFrame]
+StatefulRenderer = Callable[[Node, list[DataFrame]], DataFrame]
 
 
 def render(
-    node: Node, inputs: Mapping[str, DataFrame], join: JoinRenderer | None = None
+    node: Node,
+    inputs: Mapping[str, DataFrame],
+    join: JoinRenderer | None = None,
+    stateful: StatefulRenderer | None = None,
 ) -> DataFrame:
     """The updates of ``node`` given the updates of every collection it reads.
 
@@ -38,6 +43,8 @@ def render(
         inputs: collection name -> DataFrame ``(columns..., _time, _diff)``.
         join: how to render a Join: by delta paths (incremental); default, from scratch
             (``inputs`` are then snapshots).
+        stateful: how to render a Reduce, SetOp or TopK given its inputs' updates (they keep
+            state: see :mod:`ops.reduce`).
 
     Returns:
         DataFrame ``(node.columns..., _time, _diff)``.
@@ -46,20 +53,24 @@ def render(
         from ops.join import render_join_snapshot
 
         return join(node, inputs) if join is not None else render_join_snapshot(node, inputs)
+    if isinstance(node, STATEFUL):
+        if stateful is None:
+            raise InvariantViolation(f"{type(node).__name__} needs its state to be rendered")
+        return stateful(node, [render(c, inputs, join, stateful) for c in node.inputs])
     if isinstance(node, Get):
         df = inputs[node.collection]
         return df.select(*[F.col(f"`{c}`") for c in node.columns], TIME, DIFF)
     if isinstance(node, Filter):
-        return render(node.input, inputs, join).where(F.expr(spark_sql(node.predicate)))
+        return render(node.input, inputs, join, stateful).where(F.expr(spark_sql(node.predicate)))
     if isinstance(node, Project):
-        df = render(node.input, inputs, join)
+        df = render(node.input, inputs, join, stateful)
         cols = [F.expr(spark_sql(e)).alias(name) for name, e in node.outputs]
         return df.select(*cols, TIME, DIFF)
     assert isinstance(node, UnionAll)
     names = node.columns
     parts = []
     for branch in node.branches:
-        df = render(branch, inputs, join)
+        df = render(branch, inputs, join, stateful)
         parts.append(
             df.select(
                 *[F.col(f"`{c}`").alias(n) for c, n in zip(branch.columns, names, strict=False)],

@@ -12,9 +12,22 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ivm.plan.ir import Filter, Get, Join, JoinInput, Node, Project, SemiJoin, UnionAll
+from ivm.plan.ir import (
+    Filter,
+    Get,
+    Join,
+    JoinInput,
+    Node,
+    Project,
+    Reduce,
+    SemiJoin,
+    SetOp,
+    TopK,
+    UnionAll,
+)
 from ivm.plan.join import plan_paths
 from ivm.plan.planner import ProjectPlan, ViewPlan
+from ivm.plan.reduce import DEFAULT_GROUP_SIZE, Branch, branches, state_tables
 from ivm.sql.parse import DIALECT
 
 _INTERNAL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)\b")
@@ -103,8 +116,62 @@ def _semi_lines(node: SemiJoin, depth: int) -> list[str]:
     ]
 
 
+def _branch_text(b: Branch, group_size: int | None) -> str:
+    aggs = ", ".join(f"{a.describe()} AS {a.name}" for a in b.aggregates)
+    if b.kind == "hierarchical" or b.kind == "topk":
+        if b.levels == 0:
+            how = "monotonic input (append-only): no tower, result combined with insertions"
+        else:
+            size = f"{group_size:,}" if group_size else f"{DEFAULT_GROUP_SIZE:,} (default)"
+            how = f"tower of {b.levels} levels, 16-way, expected group size {size}"
+        text = f"{b.kind} {b.name}: {how}"
+    elif b.kind == "threshold":
+        text = f"threshold {b.name}: per-row counts of both inputs"
+    else:
+        text = b.name + (" (over the distinct set)" if b.distinct else "")
+    if aggs:
+        text += f" [{aggs}]"
+    names = [t.name for t in b.tables]
+    if len(names) > 2 and b.levels:
+        names = [f"{names[0]} .. {names[-1].rsplit('.', 1)[1]}"]
+    return f"{text}; state {', '.join(names)}"
+
+
+def _stateful_lines(node: Reduce | SetOp | TopK, depth: int) -> list[str]:
+    pad = "  " * depth
+    bs = branches(node)
+    if isinstance(node, Reduce):
+        keys = ", ".join(_pretty(k) for k in node.keys)
+        if not node.aggregates:
+            head = f"Distinct {node.label} on ({keys})"
+        else:
+            head = f"Reduce {node.label} " + (f"GROUP BY {keys}" if keys else "(one global row)")
+    elif isinstance(node, SetOp):
+        head = f"SetOp {node.label} {node.op.upper()}{' ALL' if node.all else ''}"
+    else:
+        order = ", ".join(
+            f"{_pretty(c)}{' DESC' if d else ''}{' NULLS FIRST' if nf != (not d) else ''}"
+            for c, d, nf in node.order
+        )
+        part = f" PARTITION BY {', '.join(node.partition)}" if node.partition else ""
+        rank = f" numbered as {node.rank}" if node.rank and node.rank != "_rank" else ""
+        skip = f" OFFSET {node.offset}" if node.offset else ""
+        head = f"TopK {node.label}{part} ORDER BY {order} LIMIT {node.limit}{skip}{rank}"
+    group_size = getattr(node, "group_size", None)
+    lines = [pad + head]
+    for b in bs:
+        lines.append(pad + "  branch " + _branch_text(b, group_size))
+    if len(bs) > 1:
+        lines.append(pad + f"  collation: {len(bs)} branches joined on the group key")
+    for child in node.inputs:
+        lines.extend(_node_lines(child, depth + 1))
+    return lines
+
+
 def _node_lines(node: Node, depth: int) -> list[str]:
     pad = "  " * depth
+    if isinstance(node, (Reduce, SetOp, TopK)):
+        return _stateful_lines(node, depth)
     if isinstance(node, Join):
         return _join_lines(node, depth)
     if isinstance(node, SemiJoin):
@@ -116,6 +183,8 @@ def _node_lines(node: Node, depth: int) -> list[str]:
     elif isinstance(node, Project):
         if node.is_identity():
             return _node_lines(node.input, depth)
+        if not node.outputs:
+            return [pad + "Project (no columns: rows are only counted)", *_node_lines(node.input, depth + 1)]
         items = []
         for name, e in node.outputs:
             text = _pretty(e.sql(dialect=DIALECT))
@@ -147,19 +216,23 @@ def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
     inputs = ", ".join(
         f"{g.kind} {g.collection}" for g in {g.collection: g for g in view.gets}.values()
     )
-    if view.joins:
-        arrangements = sorted(
-            {st.arrangement for j in view.joins for p in plan_paths(j) for st in p.stages}
-        )
-        maintenance = (
-            f"incremental, delta join ({len(arrangements)} shared arrangement"
+    tables = state_tables(view.root)
+    arrangements = sorted(
+        {st.arrangement for j in view.joins for p in plan_paths(j) for st in p.stages}
+    )
+    parts = []
+    if arrangements:
+        parts.append(
+            f"delta join ({len(arrangements)} shared arrangement"
             f"{'s' if len(arrangements) != 1 else ''}; no intermediate state)"
         )
-    else:
-        arrangements = []
-        maintenance = (
-            "incremental, stateless (each update maps to its output on its own; no arrangements)"
-        )
+    if tables:
+        parts.append(f"reductions ({len(tables)} state table{'s' if len(tables) != 1 else ''})")
+    maintenance = "incremental, " + (
+        " + ".join(parts)
+        if parts
+        else "stateless (each update maps to its output on its own; no arrangements)"
+    )
     lines = [
         f"VIEW {view.name}  ({Path(view.file).name}, code version {view.sql_hash})",
         f"  columns: {', '.join(view.columns)}",
@@ -174,6 +247,8 @@ def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
             else ""
         )
         lines.append(f"  arrangement {key}{detail}")
+    for t in tables:
+        lines.append(f"  state {t.name} by ({', '.join(t.key)}): {t.holds}")
     lines.append("  plan (updates flow bottom-up; every node keeps _time and _diff):")
     lines.extend(_node_lines(view.root, 2))
     return "\n".join(lines) + "\n"

@@ -14,12 +14,18 @@ independently of the others, keeping its time and diff:
   retraction would not cancel the insertion it retracts.
 - ``UnionAll``: the concatenation of its inputs' updates (positional columns).
 
+The stateful nodes are not linear; each keeps state of its own (see :mod:`ivm.plan.reduce`):
+
+- ``Reduce``: GROUP BY with aggregates (and SELECT DISTINCT, UNION: a reduce without any).
+- ``SetOp``: INTERSECT / EXCEPT [ALL]: per-row counts of both sides and a threshold.
+- ``TopK``: ``ORDER BY ... LIMIT k`` and ``ROW_NUMBER() OVER (PARTITION BY ...) <= k``.
+
 Expressions are sqlglot expressions whose column references are unqualified input column names.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from sqlglot import exp
@@ -267,7 +273,187 @@ class SemiJoin:
         return Join((self.input, self.other), tuple(((0, a), (1, b)) for a, b in self.keys))
 
 
-Node = Get | Filter | Project | UnionAll | Join | SemiJoin
+AggKind = Literal["accumulable", "hierarchical", "basic"]
+
+ACCUMULABLE_FUNCS = frozenset(
+    {
+        "count",
+        "sum",
+        "avg",
+        "stddev_samp",
+        "stddev_pop",
+        "var_samp",
+        "var_pop",
+        "bool_and",
+        "bool_or",
+    }
+)
+HIERARCHICAL_FUNCS = frozenset({"min", "max"})
+BASIC_FUNCS = frozenset({"string_agg", "median", "percentile_cont", "percentile_disc"})
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """One aggregate of a :class:`Reduce`.
+
+    Attributes:
+        name: its output column.
+        func: the canonical function name (``count``, ``sum``, ``min``, ``string_agg``...).
+        arg: the input column it reads; None for ``COUNT(*)``.
+        distinct: ``func(DISTINCT arg)``.
+        params: literal parameters: the separator of ``string_agg``, the fraction of a
+            percentile.
+        order: ``(column, descending, nulls_first)`` of ``WITHIN GROUP (ORDER BY ...)``.
+    """
+
+    name: str
+    func: str
+    arg: str | None
+    distinct: bool = False
+    params: tuple[object, ...] = ()
+    order: tuple[tuple[str, bool, bool], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.func not in ACCUMULABLE_FUNCS | HIERARCHICAL_FUNCS | BASIC_FUNCS:
+            raise InvariantViolation(f"unknown aggregate {self.func!r}")
+        if self.arg is None and self.func != "count":
+            raise InvariantViolation(f"{self.func} needs an argument")
+
+    @property
+    def kind(self) -> AggKind:
+        """Accumulable (sums of contributions), hierarchical (MIN/MAX) or basic."""
+        if self.func in ACCUMULABLE_FUNCS:
+            return "accumulable"
+        if self.func in HIERARCHICAL_FUNCS:
+            return "hierarchical"
+        return "basic"
+
+    @property
+    def reads(self) -> set[str]:
+        return ({self.arg} if self.arg else set()) | {o[0] for o in self.order}
+
+    def describe(self) -> str:
+        arg = "*" if self.arg is None else self.arg
+        inner = ("DISTINCT " if self.distinct else "") + arg
+        extra = "".join(f", {p!r}" for p in self.params)
+        return f"{self.func}({inner}{extra})"
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """GROUP BY ``keys`` with ``aggregates``; no aggregates means DISTINCT over ``keys``.
+
+    Output: one row per group that has input rows (``keys..., aggregates...``); with no
+    keys, one row even over empty input (SQL). Not linear: maintained from per-group state,
+    see :mod:`ivm.plan.reduce` for the branches it is factored into.
+
+    Attributes:
+        label: a name unique within the view (``r0``, ``r1``...), naming its state tables.
+        group_size: the expected number of distinct values per group (towers' height).
+        monotonic: its input only ever grows (append-only sources): no towers needed.
+    """
+
+    input: Node
+    keys: tuple[str, ...]
+    aggregates: tuple[Aggregate, ...]
+    label: str
+    group_size: int | None = None
+    monotonic: bool = False
+
+    def __post_init__(self) -> None:
+        _check_unique(self.columns, "Reduce")
+        missing = (set(self.keys) | {c for a in self.aggregates for c in a.reads}) - set(
+            self.input.columns
+        )
+        if missing:
+            raise InvariantViolation(f"Reduce reads unknown columns {sorted(missing)}")
+        if not self.keys and not self.aggregates:
+            raise InvariantViolation("a Reduce needs keys or aggregates")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.keys + tuple(a.name for a in self.aggregates)
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+SetOpKind = Literal["intersect", "except"]
+
+
+@dataclass(frozen=True, slots=True)
+class SetOp:
+    """``left INTERSECT|EXCEPT [ALL] right``: rows with their multiplicity thresholded.
+
+    With ``ca``/``cb`` a row's counts in ``left``/``right``: INTERSECT ALL keeps
+    ``min(ca, cb)`` copies, EXCEPT ALL ``max(ca - cb, 0)``, INTERSECT one if both are
+    positive, EXCEPT one if ``ca > 0 = cb``. NULLs compare equal, as in SQL set operations.
+    """
+
+    left: Node
+    right: Node
+    op: SetOpKind
+    all: bool
+    label: str
+
+    def __post_init__(self) -> None:
+        if len(self.left.columns) != len(self.right.columns):
+            raise InvariantViolation(f"{self.op.upper()} inputs differ in width")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.left.columns
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True, slots=True)
+class TopK:
+    """The first ``limit`` rows of each ``partition`` group in ``order``.
+
+    ``ORDER BY ... LIMIT k`` has no partition; ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY
+    o) <= k`` has one, and ``rank`` names the row-number column when the query selects it.
+    Ties are broken by the remaining columns (ascending), so the result is deterministic.
+    Maintained with a tower of top-k reductions (:mod:`ivm.plan.reduce`).
+
+    Attributes:
+        order: ``(column, descending, nulls_first)`` triples.
+        offset: rows ranked ``offset + 1 .. offset + limit`` are kept (``LIMIT k OFFSET n``).
+    """
+
+    input: Node
+    partition: tuple[str, ...]
+    order: tuple[tuple[str, bool, bool], ...]
+    limit: int
+    label: str
+    rank: str | None = None
+    offset: int = 0
+    group_size: int | None = None
+    monotonic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limit < 1:
+            raise InvariantViolation("TopK needs a positive limit")
+        missing = (set(self.partition) | {o[0] for o in self.order}) - set(self.input.columns)
+        if missing:
+            raise InvariantViolation(f"TopK reads unknown columns {sorted(missing)}")
+        if self.rank is not None:
+            _check_unique(self.columns, "TopK")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.input.columns + ((self.rank,) if self.rank else ())
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+Node = Get | Filter | Project | UnionAll | Join | SemiJoin | Reduce | SetOp | TopK
+STATEFUL = (Reduce, SetOp, TopK)
 
 
 def walk(node: Node) -> list[Node]:
@@ -329,6 +515,17 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
     if isinstance(node, SemiJoin):
         as_join = _demand_join(Join((node.input, node.other), node.as_join.equivalences), want)
         return SemiJoin(as_join.inputs[0], as_join.inputs[1], node.keys, node.anti)
+    if isinstance(node, Reduce):
+        aggregates = tuple(a for a in node.aggregates if a.name in want)
+        if not node.keys and not aggregates:
+            aggregates = node.aggregates[:1]
+        reads = set(node.keys) | {c for a in aggregates for c in a.reads}
+        child = demand(node.input, tuple(c for c in node.input.columns if c in reads))
+        return replace(node, input=child, aggregates=aggregates)
+    if isinstance(node, SetOp):  # every column decides a row's identity
+        return replace(node, left=demand(node.left), right=demand(node.right))
+    if isinstance(node, TopK):  # the rows are the output; keep them whole
+        return replace(node, input=demand(node.input))
     # UnionAll: positional, so every branch keeps the same positions.
     positions = [i for i, c in enumerate(node.columns) if c in want]
     branches = []
@@ -386,6 +583,10 @@ def simplify(node: Node) -> Node:
         return UnionAll(tuple(simplify(b) for b in node.branches))
     if isinstance(node, (Join, SemiJoin)):
         return node
+    if isinstance(node, (Reduce, TopK)):
+        return replace(node, input=simplify(node.input))
+    if isinstance(node, SetOp):
+        return replace(node, left=simplify(node.left), right=simplify(node.right))
     child = simplify(node.input)
     if isinstance(node, Filter):
         if isinstance(child, Filter):

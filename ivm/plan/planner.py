@@ -11,13 +11,14 @@ each view reads inputs that already hold epoch ``e``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
 from ivm.errors import ConfigError, SqlError
 from ivm.plan.ir import Get, Join, Node, SemiJoin, collections, walk
 from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
+from ivm.plan.reduce import mark_monotonic
 from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
 from ivm.sql.parse import ParsedView
 
@@ -112,13 +113,17 @@ class ProjectPlan:
 
 
 def plan_views(
-    parsed: Sequence[ParsedView], source_columns: Mapping[str, Sequence[str]]
+    parsed: Sequence[ParsedView],
+    source_columns: Mapping[str, Sequence[str]],
+    append_only: Collection[str] = (),
 ) -> ProjectPlan:
     """Plan every view of a project.
 
     Args:
         parsed: the parsed view files.
         source_columns: source name -> its column names.
+        append_only: sources that only ever grow (``delta.appendOnly``): MIN/MAX and TopK
+            over them need no tower.
 
     Raises:
         ConfigError: two views share a name, or a view has a source's name.
@@ -145,7 +150,7 @@ def plan_views(
     plans: dict[str, ViewPlan] = {}
     for name in order:
         p = by_name[name]
-        root = lower_view(p, catalog)
+        root = mark_monotonic(lower_view(p, catalog), append_only)
         plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
         catalog[name] = ("view", root.columns)
     return ProjectPlan(

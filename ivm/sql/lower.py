@@ -34,6 +34,7 @@ from ivm.plan.ir import (
     referenced_columns,
     simplify,
 )
+from ivm.sql.lower_reduce import Ranked, ReduceLowering
 from ivm.sql.parse import ParsedView, position, sql_error
 
 CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
@@ -57,13 +58,7 @@ RESERVED_COLUMNS = ("_time", "_diff")
 
 _UNSUPPORTED_CLAUSES = {
     "laterals": "LATERAL VIEW",
-    "group": "GROUP BY",
-    "having": "HAVING",
-    "qualify": "QUALIFY",
     "windows": "WINDOW clause",
-    "limit": "LIMIT",
-    "offset": "OFFSET",
-    "distinct": "SELECT DISTINCT",
     "pivots": "PIVOT",
     "sample": "TABLESAMPLE",
     "connect": "CONNECT BY",
@@ -133,11 +128,24 @@ class _Scope:
         return out if qualifier is None else None
 
 
-class _Lowerer:
+class _Lowerer(ReduceLowering):
     def __init__(self, view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> None:
         self.view = view
         self.catalog = catalog
         self.sql = view.sql
+        self._labels = 0
+        size = view.hints.get("expected_group_size")
+        self.group_size: int | None = None
+        if size is not None:
+            try:
+                self.group_size = int(size.replace("_", ""))
+            except ValueError:
+                self.group_size = 0
+            if self.group_size < 1:
+                raise SqlError(
+                    f"hint expected_group_size = {size!r} is not a positive integer",
+                    file=view.file,
+                )
 
     def error(
         self, message: str, node: exp.Expression | None, *, construct: str | None = None
@@ -148,8 +156,7 @@ class _Lowerer:
 
     def unsupported(self, construct: str, node: exp.Expression | None) -> SqlError:
         return self.error(
-            f"{construct} is not supported yet (this release maintains projections, WHERE, "
-            "UNION ALL, inner joins, outer joins of two inputs, and views over views)",
+            f"{construct} is not supported (see the README's list of maintained SQL)",
             node,
             construct=construct,
         )
@@ -171,16 +178,18 @@ class _Lowerer:
             ctes = scope
         if isinstance(q, exp.Subquery):
             return self.query(q.this, ctes, need_names=need_names)
-        if isinstance(q, exp.Union):
-            if q.args.get("distinct"):
-                raise self.unsupported("UNION (distinct; use UNION ALL)", q.expression)
+        if isinstance(q, (exp.Union, exp.Intersect, exp.Except)):
             if q.args.get("by_name"):
-                raise self.unsupported("UNION ALL BY NAME", q.expression)
-            return self.union_all(q, ctes, need_names=need_names)
-        if isinstance(q, exp.Intersect):
-            raise self.unsupported("INTERSECT", q.expression)
-        if isinstance(q, exp.Except):
-            raise self.unsupported("EXCEPT", q.expression)
+                raise self.unsupported(f"{q.key.upper()} BY NAME", q.expression)
+            if isinstance(q, exp.Union):
+                node: Node = self.union_all(q, ctes, need_names=need_names)
+                if q.args.get("distinct"):
+                    node = self.distinct(node)
+            else:
+                left = self.plain(self.query(q.this, ctes, need_names=need_names))
+                right = self.plain(self.query(q.expression, ctes, need_names=False))
+                node = self.set_operation(q, left, right)
+            return self.order_limit(q, node, None)
         if isinstance(q, exp.Select):
             return self.select(q, ctes, need_names=need_names)
         raise self.unsupported(type(q).__name__.upper(), q)
@@ -188,13 +197,11 @@ class _Lowerer:
     def union_all(self, q: exp.Union, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
         branches: list[Node] = []
         for i, side in enumerate((q.this, q.expression)):
-            node = self.query(side, ctes, need_names=need_names and i == 0)
+            node = self.plain(self.query(side, ctes, need_names=need_names and i == 0))
             if isinstance(node, UnionAll) and not isinstance(side, exp.Subquery):
                 branches.extend(node.branches)
             else:
                 branches.append(node)
-        if q.args.get("order") or q.args.get("limit"):
-            raise self.unsupported("ORDER BY/LIMIT on a UNION", q)
         names = branches[0].columns
         aligned = [branches[0]]
         for b in branches[1:]:
@@ -232,13 +239,21 @@ class _Lowerer:
                 f"{dup!r} names two FROM items: give each an alias (e.g. {dup} AS {dup}1)",
                 from_.this,
             )
+        if scope.joined and any(isinstance(r.node, Ranked) for r in relations):
+            raise self.unsupported(
+                "a ROW_NUMBER() subquery in a join (define the ranking as a view)", from_.this
+            )
         where = _arg(s, "where")
         if scope.joined:
             node: Node = self.join(scope, joins, where if isinstance(where, exp.Where) else None)
         else:
             node = relations[0].node
-            if isinstance(where, exp.Where):
-                conjuncts = _conjuncts(where.this)
+            conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
+            if isinstance(node, Ranked):
+                node, conjuncts = self.rank_filter(node, conjuncts, scope)
+                relations[0] = _Relation(node, relations[0].qualifiers, relations[0].label)
+                scope = _Scope(tuple(relations))
+            if conjuncts:
                 subqueries = [c for c in conjuncts if _subquery_predicate(c) is not None]
                 plain = [c for c in conjuncts if _subquery_predicate(c) is None]
                 if len(subqueries) > 1:
@@ -248,15 +263,36 @@ class _Lowerer:
                 if subqueries:
                     node = self.semi_join(relations[0], subqueries[0], plain, ctes)
                 else:
-                    node = Filter(node, self.expression(where.this, scope, "WHERE"))
+                    node = Filter(node, self.expression(exp.and_(*conjuncts), scope, "WHERE"))
         rel = scope
-        outputs: list[tuple[str, exp.Expression]] = []
-        for item in s.expressions:
-            outputs.extend(self.select_item(item, rel, need_names=need_names))
+        windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
+        aggregated = bool(_arg(s, "group") or _arg(s, "having")) or any(
+            isinstance(n, exp.AggFunc)
+            for i in s.expressions
+            for n in i.walk(prune=lambda n: isinstance(n, (exp.Window, exp.Subquery)))
+        )
+        sort_key = None
+        if aggregated:
+            if windows:
+                raise self.unsupported("a window function in a grouped query", windows[0])
+            grouped, sort_key = self.grouped(s, node, scope, need_names=need_names)
+            outputs = list(grouped.outputs)
+            node = grouped.input
+        else:
+            outputs = []
+            for item in s.expressions:
+                if item in windows:
+                    continue
+                outputs.extend(self.select_item(item, rel, need_names=need_names))
+
+            def sort_key(e: exp.Expression) -> exp.Expression:
+                return self.expression(e, rel, "ORDER BY")
+
         if not need_names:  # positional branch: any unique names do
             outputs = [(f"_c{i}", e) for i, (_, e) in enumerate(outputs)]
         seen: dict[str, exp.Expression] = {}
-        for (name, _), item in zip(outputs, self._items_for(s, rel), strict=False):
+        items = [i for i in self._items_for(s, rel) if i not in windows]
+        for (name, _), item in zip(outputs, items, strict=False):
             if name in RESERVED_COLUMNS:
                 raise self.error(
                     f"column name {name!r} is reserved for the engine's updates; rename it", item
@@ -266,8 +302,43 @@ class _Lowerer:
                     f"duplicate output column {name!r}: give one of them another alias", item
                 )
             seen[name] = item
-        # ORDER BY without LIMIT does not change a multiset: a view has no order.
-        return Project(node, tuple(outputs))
+        result: Node | Ranked = Project(node, tuple(outputs))
+        qualify = _arg(s, "qualify")
+        inline = qualify.find(exp.Window) if qualify is not None and not windows else None
+        if windows or inline is not None:
+            if len(windows) > 1:
+                raise self.unsupported("more than one window function", windows[1])
+            window = _unalias(windows[0]) if windows else inline
+            rank = "_rank"
+            if windows and isinstance(windows[0], exp.Alias):
+                rank = windows[0].alias.lower()
+            elif windows:
+                raise self.error("ROW_NUMBER() needs a name: add AS rn", windows[0])
+            visible = tuple(n for n, _ in outputs)
+            proj, partition, order = self.ranked(window, rank, result, rel)
+            ranked = Ranked(proj, partition, order, rank, visible, window)
+            if qualify is None:
+                if _arg(s, "distinct") or _arg(s, "limit"):
+                    raise self.unsupported("DISTINCT or LIMIT with ROW_NUMBER()", s)
+                return ranked
+            condition = qualify.this
+            if inline is not None:
+                condition = condition.transform(
+                    lambda n: exp.column(rank) if n is inline else n, copy=False
+                )
+            result, rest = self.rank_filter(ranked, _conjuncts(condition), rel)
+            if rest:
+                raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
+            if not windows:
+                result = Project(result, tuple((c, exp.column(c)) for c in visible))
+        elif qualify is not None:
+            raise self.unsupported("QUALIFY without ROW_NUMBER()", qualify)
+        if _arg(s, "distinct"):
+            if isinstance(_arg(s, "distinct"), exp.Distinct) and _arg(s, "distinct").args.get("on"):
+                raise self.unsupported("DISTINCT ON", s)
+            result = self.distinct(result)
+            sort_key = None
+        return self.order_limit(s, result, sort_key)
 
     def _join_name(self, join: exp.Join) -> str:
         """How the user wrote a join: ``LEFT JOIN``, ``CROSS JOIN``, ``JOIN (FROM a, b)``..."""
@@ -583,10 +654,9 @@ class _Lowerer:
                 raise self.error(f"view {name!r} refers to itself", item)
             return _Relation(Get(name, kind, columns), qualifiers, f"{kind} {name}")
         if isinstance(item, exp.Subquery):
-            if not item.alias:
-                raise self.error("a subquery in FROM needs an alias", item)
+            alias = item.alias.lower() if item.alias else "_subquery"  # Spark allows none
             node = self.query(item.this, ctes)
-            return _Relation(node, frozenset({item.alias.lower()}), f"subquery {item.alias}")
+            return _Relation(node, frozenset({alias}), f"subquery {item.alias}".strip())
         raise self.unsupported(f"FROM {type(item).__name__}", item)
 
     # -- expressions -----------------------------------------------------------------------
@@ -622,11 +692,21 @@ class _Lowerer:
                 node,
             )
 
-    def expression(self, e: exp.Expression, rel: _Scope, clause: str) -> exp.Expression:
-        """Validate ``e`` and return it with columns resolved to unqualified input names."""
+    def expression(
+        self, e: exp.Expression, rel: _Scope, clause: str, *, aggregates: bool = False
+    ) -> exp.Expression:
+        """Validate ``e`` and return it with columns resolved to unqualified input names.
+
+        Args:
+            aggregates: aggregate calls are allowed (SELECT and HAVING of a grouped query).
+        """
         for node in e.walk():
-            if isinstance(node, exp.AggFunc):
-                raise self.unsupported(f"aggregate function {node.key.upper()}", node)
+            if isinstance(node, exp.AggFunc) and not aggregates:
+                raise self.error(
+                    f"aggregate function {node.key.upper()} in {clause}",
+                    node,
+                    construct=f"aggregate in {clause}",
+                )
             if isinstance(node, exp.Window):
                 raise self.unsupported("window function (OVER)", node)
             if isinstance(node, (exp.Subquery, exp.Exists)) or (
@@ -649,7 +729,10 @@ class _Lowerer:
                     node,
                     construct=node.name,
                 )
-            if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Column):
+            if isinstance(node, exp.Star) and not (
+                isinstance(node.parent, exp.Column)
+                or (aggregates and isinstance(node.parent, exp.Count))
+            ):
                 raise self.error(f"'*' is not allowed in {clause} expressions", node)
 
         def resolve(node: exp.Expression) -> exp.Expression:
@@ -701,6 +784,10 @@ def _subquery_predicate(
     return None
 
 
+def _unalias(e: exp.Expression) -> exp.Expression:
+    return e.this if isinstance(e, exp.Alias) else e
+
+
 def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
     """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped)."""
     while isinstance(e, exp.Paren):
@@ -722,7 +809,7 @@ def lower_view(view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> Node:
             the message names the file, line and column.
     """
     lowerer = _Lowerer(view, catalog)
-    node = simplify(demand(lowerer.query(view.query, {})))
+    node = simplify(demand(lowerer.plain(lowerer.query(view.query, {}))))
     for get in collections(node):
         clash = set(get.columns) & set(RESERVED_COLUMNS)
         if clash:

@@ -8,6 +8,7 @@ AST its ``(data, time, diff)`` meaning.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from sqlglot.errors import ParseError, TokenError
 from ivm.errors import SqlError, UnsupportedSqlError
 
 DIALECT = "spark"
+
+_HINT = re.compile(r"^\s*--\s*ivm:\s*(.*)$", re.MULTILINE | re.IGNORECASE)
+HINTS = {"expected_group_size": "the expected number of rows per group of a GROUP BY or TopK"}
 
 
 def position(node: exp.Expression | None, sql: str) -> tuple[int | None, int | None]:
@@ -73,8 +77,32 @@ class ParsedView:
     query: exp.Expression
 
     @property
+    def hints(self) -> dict[str, str]:
+        """``-- ivm: name = value`` comment lines of the file, by name.
+
+        Raises:
+            SqlError: a hint line that is not ``name = value``, or an unknown name.
+        """
+        out: dict[str, str] = {}
+        for m in _HINT.finditer(self.sql):
+            line = self.sql.count("\n", 0, m.start()) + 1
+            name, eq, value = m.group(1).partition("=")
+            name = name.strip().lower()
+            if not eq or not value.strip():
+                raise SqlError(
+                    f"hint {m.group(1).strip()!r} is not 'name = value'", file=self.file, line=line
+                )
+            if name not in HINTS:
+                known = ", ".join(HINTS)
+                raise SqlError(f"unknown hint {name!r} (known: {known})", file=self.file, line=line)
+            out[name] = value.strip()
+        return out
+
+    @property
     def sql_hash(self) -> str:
         normalized = self.query.sql(dialect=DIALECT, normalize=True)
+        if self.hints:  # they shape the view's state, so they are part of its definition
+            normalized += repr(sorted(self.hints.items()))
         return hashlib.sha256(normalized.encode()).hexdigest()[:16]
 
 

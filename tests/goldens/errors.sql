@@ -23,18 +23,28 @@ CREATE VIEW v AS SELECT o1.o_orderkey FROM orders o1 JOIN orders o2 ON o1.o_cust
 CREATE VIEW v AS SELECT o_orderkey FROM orders JOIN orders ON o_custkey = o_custkey
 -- case: computed join key
 CREATE VIEW v AS SELECT c_name FROM customer c JOIN (SELECT o_custkey + 1 AS k FROM orders) o ON c.c_custkey = o.k
--- case: aggregate
-CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey
--- case: aggregate without group by
-CREATE VIEW v AS SELECT count(*) AS n FROM orders
--- case: distinct
-CREATE VIEW v AS SELECT DISTINCT o_custkey FROM orders
--- case: union distinct
-CREATE VIEW v AS SELECT o_custkey FROM orders UNION SELECT c_custkey FROM customer
--- case: limit
-CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 10
--- case: window
+-- case: column neither grouped nor aggregated
+CREATE VIEW v AS SELECT o_custkey, o_orderkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey
+-- case: aggregate in WHERE
+CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE sum(o_totalprice) > 10
+-- case: unsupported aggregate
+CREATE VIEW v AS SELECT o_custkey, first(o_totalprice) AS f FROM orders GROUP BY o_custkey
+-- case: count distinct over two columns
+CREATE VIEW v AS SELECT count(DISTINCT o_custkey, o_totalprice) AS n FROM orders
+-- case: limit without order by
+CREATE VIEW v AS SELECT o_orderkey FROM orders LIMIT 10
+-- case: row_number without a rank filter
 CREATE VIEW v AS SELECT o_orderkey, row_number() OVER (ORDER BY o_totalprice) AS rn FROM orders
+-- case: rank window function
+CREATE VIEW v AS SELECT * FROM (SELECT o_orderkey, rank() OVER (ORDER BY o_totalprice) AS rn FROM orders) WHERE rn <= 3
+-- case: order by an unselected expression after distinct
+CREATE VIEW v AS SELECT DISTINCT o_custkey FROM orders ORDER BY o_totalprice LIMIT 3
+-- case: bad group size hint
+-- ivm: expected_group_size = lots
+CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
+-- case: unknown hint
+-- ivm: group_size = 10
+CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
 -- case: not in subquery
 CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_custkey NOT IN (SELECT c_custkey FROM customer)
 -- case: uncorrelated exists

@@ -1,0 +1,275 @@
+"""Reduce planning: how each stateful node is factored into branches, and the state each keeps.
+
+Owns the decisions of DESIGN section 4 and seed 000:
+
+- Every aggregate is *accumulable* (COUNT, SUM, AVG, STDDEV/VARIANCE, BOOL_AND/OR: sums of
+  per-row contributions), *hierarchical* (MIN, MAX) or *basic* (STRING_AGG, percentiles).
+  All accumulable aggregates of a reduce share one branch whose state is a few sums per
+  group; MIN and MAX of one column share a tower; basic aggregates recompute the touched
+  groups from an arrangement of the reduce's input by group key. ``agg(DISTINCT x)`` first
+  goes through its own distinct ``(group, x)`` arrangement, so a change that does not alter
+  the distinct set stops there. Several branches are *collated* by group key; one alone is not.
+- A tower has ``levels = ceil(log16(expected group size))`` levels (default group size
+  65,536: four levels). Level 0 holds the input values with their counts, each in a bucket
+  ``b = hash(value) mod 16^levels``; level ``l`` holds one row per group and bucket
+  ``b >> 4l`` (MIN/MAX: the bucket's extremes; TopK: the bucket's first k rows), so a change
+  re-examines at most about 16 entries per level. A monotonic (append-only) input needs no
+  tower: the new result is the old one combined with the insertions.
+- ``SetOp`` and DISTINCT keep per-row counts (accumulable) and threshold them.
+
+Contract in ``(data, time, diff)`` terms: each state table is a log of updates ``(key..., values,
+_time, _diff)`` (accumulable: ``(key..., sums..., _time)`` whose sums add up), readable at any
+epoch since it was built; the engine writes each epoch's change once (txn per epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from ivm.plan.ir import (
+    Aggregate,
+    Filter,
+    Get,
+    Join,
+    Node,
+    Project,
+    Reduce,
+    SemiJoin,
+    SetOp,
+    TopK,
+    UnionAll,
+    walk,
+)
+
+DEFAULT_GROUP_SIZE = 65_536
+"""Expected rows per group when the view gives no ``expected_group_size`` hint: 4 levels."""
+
+FANOUT_BITS = 4
+"""Each tower level merges 2**4 = 16 buckets of the level below (seed 000)."""
+
+GLOBAL_KEY = "_g"
+"""The constant key of a reduce without GROUP BY (its state tables need a key column)."""
+
+BranchKind = Literal["accumulable", "hierarchical", "basic", "threshold", "topk"]
+
+
+def tower_levels(group_size: int | None) -> int:
+    """``ceil(log16(group_size))``, at least 1."""
+    n = group_size or DEFAULT_GROUP_SIZE
+    levels = 1
+    while (1 << (FANOUT_BITS * levels)) < n:
+        levels += 1
+    return levels
+
+
+@dataclass(frozen=True, slots=True)
+class StateTable:
+    """A state table of a stateful node: ``state/<view>/<name>``, sorted by ``key``."""
+
+    name: str
+    key: tuple[str, ...]
+    holds: str
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One branch of a stateful node.
+
+    Attributes:
+        kind: how it is maintained.
+        name: unique within its node (names its state tables).
+        keys: the group keys (input columns; empty for a global aggregate or ORDER BY LIMIT).
+        aggregates: the aggregates it computes.
+        value: hierarchical: the column whose MIN/MAX it keeps; distinct: the distinct column.
+        distinct: it reads the distinct ``(keys, value)`` set rather than the input.
+        levels: tower height; 0 for a monotonic input (no tower).
+        tables: its state tables, in the order they are written.
+    """
+
+    kind: BranchKind
+    name: str
+    keys: tuple[str, ...]
+    aggregates: tuple[Aggregate, ...] = ()
+    value: str | None = None
+    distinct: bool = False
+    levels: int = 0
+    tables: tuple[StateTable, ...] = ()
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """The key columns of its per-group state (a constant one when there are no keys)."""
+        return self.keys or (GLOBAL_KEY,)
+
+
+def _tower_tables(prefix: str, keys: tuple[str, ...], levels: int, what: str) -> tuple:
+    if levels == 0:
+        return (StateTable(f"{prefix}.top", keys or (GLOBAL_KEY,), f"per group: {what}"),)
+    tables = [StateTable(f"{prefix}.l0", (*keys, "_p", "_b"), "input values with counts, by bucket")]
+    for level in range(1, levels + 1):
+        span = 16**levels // 16**level
+        holds = f"{what} of each of {span} bucket(s) per group" if span > 1 else f"{what} per group"
+        tables.append(StateTable(f"{prefix}.l{level}", (*keys, "_p", "_b"), holds))
+    return tuple(tables)
+
+
+def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
+    """The branches of a GROUP BY (see module doc)."""
+    keys = node.keys
+    sk = keys or (GLOBAL_KEY,)
+    label = node.label
+    out: list[Branch] = []
+    plain_acc = [a for a in node.aggregates if a.kind == "accumulable" and not a.distinct]
+    if plain_acc or not node.aggregates:
+        holds = "per group: row count" + (", non-null counts and sums" if plain_acc else "")
+        out.append(
+            Branch(
+                "accumulable",
+                "accumulable",
+                keys,
+                tuple(plain_acc),
+                tables=(StateTable(f"{label}.accumulable", sk, holds),),
+            )
+        )
+    hier: dict[str, list[Aggregate]] = {}
+    for a in node.aggregates:
+        if a.kind == "hierarchical":
+            hier.setdefault(a.arg or "", []).append(a)
+    for column, aggs in hier.items():
+        funcs = "/".join(dict.fromkeys(a.func for a in aggs))
+        name = f"{funcs}({column})"
+        levels = 0 if node.monotonic else tower_levels(node.group_size)
+        out.append(
+            Branch(
+                "hierarchical",
+                name,
+                keys,
+                tuple(aggs),
+                value=column,
+                levels=levels,
+                tables=_tower_tables(f"{label}.{funcs.replace('/', '_')}_{column}", keys, levels,
+                                     funcs.upper().replace("/", " and ")),
+            )
+        )
+    basic = [a for a in node.aggregates if a.kind == "basic" and not a.distinct]
+    if basic:
+        out.append(
+            Branch(
+                "basic",
+                "basic",
+                keys,
+                tuple(basic),
+                tables=(
+                    StateTable(f"{label}.basic", sk, "the input's arguments by group (counts)"),
+                ),
+            )
+        )
+    distinct: dict[str, list[Aggregate]] = {}
+    for a in node.aggregates:
+        if a.distinct and a.kind != "hierarchical":
+            distinct.setdefault(a.arg or "", []).append(a)
+    for column, aggs in distinct.items():
+        dtable = StateTable(
+            f"{label}.distinct_{column}", (*sk, column), "per (group, value): row count"
+        )
+        for kind in ("accumulable", "basic"):
+            mine = tuple(a for a in aggs if a.kind == kind)
+            if not mine:
+                continue
+            tables: tuple[StateTable, ...] = (dtable,)
+            if kind == "accumulable":
+                tables += (
+                    StateTable(
+                        f"{label}.distinct_{column}.accumulable",
+                        sk,
+                        "per group: counts and sums of the distinct values",
+                    ),
+                )
+            out.append(
+                Branch(kind, f"{kind}(DISTINCT {column})", keys, mine, column, True, 0, tables)
+            )
+    return tuple(out)
+
+
+def setop_branch(node: SetOp) -> Branch:
+    return Branch(
+        "threshold",
+        f"{node.op}{' all' if node.all else ''}",
+        node.columns,
+        tables=(
+            StateTable(
+                f"{node.label}.counts", node.columns, "per row: its count in each input"
+            ),
+        ),
+    )
+
+
+def topk_branch(node: TopK) -> Branch:
+    levels = 0 if node.monotonic else tower_levels(node.group_size)
+    k = node.limit + node.offset
+    return Branch(
+        "topk",
+        f"top {k}",
+        node.partition,
+        levels=levels,
+        tables=_tower_tables(f"{node.label}.topk", node.partition, levels, f"first {k} rows"),
+    )
+
+
+def branches(node: Node) -> tuple[Branch, ...]:
+    """The branches of any stateful node (empty for the stateless ones)."""
+    if isinstance(node, Reduce):
+        return reduce_branches(node)
+    if isinstance(node, SetOp):
+        return (setop_branch(node),)
+    if isinstance(node, TopK):
+        return (topk_branch(node),)
+    return ()
+
+
+def state_tables(root: Node) -> list[StateTable]:
+    """Every state table of a view's plan, each once."""
+    seen: dict[str, StateTable] = {}
+    for node in walk(root):
+        for b in branches(node):
+            for t in b.tables:
+                seen.setdefault(t.name, t)
+    return list(seen.values())
+
+
+def monotonic(node: Node, append_only: Collection[str]) -> bool:
+    """Whether ``node`` only ever receives insertions, given the append-only sources.
+
+    Stateless operators and inner/semi joins of growing inputs only grow; outer and anti
+    joins and every stateful node may retract.
+    """
+    if isinstance(node, Get):
+        return node.kind == "source" and node.collection in append_only
+    if isinstance(node, Join):
+        return not node.preserve and all(monotonic(i.get, append_only) for i in node.inputs)
+    if isinstance(node, SemiJoin):
+        return not node.anti and all(
+            monotonic(i.get, append_only) for i in (node.input, node.other)
+        )
+    if isinstance(node, (Filter, Project, UnionAll)):
+        return all(monotonic(i, append_only) for i in node.inputs)
+    return False
+
+
+def mark_monotonic(node: Node, append_only: Collection[str]) -> Node:
+    """``node`` with every Reduce and TopK over a growing input marked ``monotonic``."""
+    if isinstance(node, (Get, Join, SemiJoin)):
+        return node
+    if isinstance(node, (Reduce, TopK)):
+        child = mark_monotonic(node.input, append_only)
+        return replace(node, input=child, monotonic=monotonic(child, append_only))
+    if isinstance(node, SetOp):
+        return replace(
+            node,
+            left=mark_monotonic(node.left, append_only),
+            right=mark_monotonic(node.right, append_only),
+        )
+    if isinstance(node, UnionAll):
+        return UnionAll(tuple(mark_monotonic(b, append_only) for b in node.branches))
+    return replace(node, input=mark_monotonic(node.input, append_only))

@@ -1,0 +1,534 @@
+"""Lowering of the stateful constructs: GROUP BY, aggregates, HAVING, DISTINCT, set operations
+and TopK (``ORDER BY ... LIMIT`` and ``ROW_NUMBER() ... <= k``). Mixed into the lowerer.
+
+Owns how SQL's grouped queries become ``Project -> Reduce -> Filter (HAVING) -> Project``:
+group expressions and aggregate arguments are computed by a projection before the reduce, so
+the reduce itself only groups columns; aggregates in the SELECT list and HAVING are replaced
+by the reduce's output columns. Which aggregate is which kind, and what state each keeps, is
+decided later by :mod:`ivm.plan.reduce`.
+
+Contract in ``(data, time, diff)`` terms: the nodes built here denote the same collection as
+the SQL; they are not linear, so the engine maintains them from state, never by mapping
+updates one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+
+from ivm.errors import SqlError
+from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
+
+if TYPE_CHECKING:
+    from ivm.sql.lower import _Scope
+
+_AGG_CLASSES: dict[str, str] = {
+    "Count": "count",
+    "Sum": "sum",
+    "Avg": "avg",
+    "Min": "min",
+    "Max": "max",
+    "Stddev": "stddev_samp",
+    "StddevSamp": "stddev_samp",
+    "StddevPop": "stddev_pop",
+    "Variance": "var_samp",
+    "VarianceSamp": "var_samp",
+    "VariancePop": "var_pop",
+    "LogicalAnd": "bool_and",
+    "LogicalOr": "bool_or",
+    "GroupConcat": "string_agg",
+    "Median": "median",
+    "PercentileCont": "percentile_cont",
+    "PercentileDisc": "percentile_disc",
+}
+_AGG_ANONYMOUS = {
+    "every": "bool_and",
+    "some": "bool_or",
+    "bool_and": "bool_and",
+    "bool_or": "bool_or",
+    "std": "stddev_samp",
+    "stddev_samp": "stddev_samp",
+    "var_samp": "var_samp",
+    "mean": "avg",
+    "string_agg": "string_agg",
+    "listagg": "string_agg",
+}
+SUPPORTED_AGGREGATES = (
+    "COUNT, SUM, AVG, MIN, MAX, STDDEV/VARIANCE (_SAMP/_POP), BOOL_AND/EVERY, BOOL_OR/SOME, "
+    "STRING_AGG/LISTAGG, MEDIAN, PERCENTILE_CONT/PERCENTILE_DISC"
+)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """An aggregate call as written: function, argument (resolved), modifiers."""
+
+    func: str
+    arg: exp.Expression | None
+    distinct: bool
+    params: tuple[object, ...]
+    order: tuple[tuple[exp.Expression, bool, bool], ...]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A SELECT with ``ROW_NUMBER() OVER (...) AS rank``: a TopK waiting for its ``rank <= k``.
+
+    Not a plan node: the enclosing query must filter the rank (or the view is rejected).
+    """
+
+    input: Node
+    partition: tuple[str, ...]
+    order: tuple[tuple[str, bool, bool], ...]
+    rank: str
+    visible: tuple[str, ...]
+    at: exp.Expression
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.visible + (self.rank,)
+
+
+class ReduceLowering:
+    """Methods of the lowerer for the stateful constructs (needs ``error``, ``unsupported``,
+    ``expression``, ``_located`` and ``hints`` from the lowerer)."""
+
+    error: Callable[..., SqlError]
+    unsupported: Callable[..., SqlError]
+    expression: Callable[..., exp.Expression]
+    group_size: int | None
+    _labels: int
+
+    def label(self) -> str:
+        """A fresh name for a stateful node (names its state tables)."""
+        self._labels += 1
+        return f"r{self._labels - 1}"
+
+    # -- GROUP BY -------------------------------------------------------------------------
+
+    def grouped(
+        self, s: exp.Select, node: Node, scope: _Scope, *, need_names: bool
+    ) -> tuple[Node, Callable[[exp.Expression], exp.Expression]]:
+        """A grouped SELECT: ``Project(Filter(Reduce(Project(node))))``.
+
+        Returns:
+            the plan, and a function rewriting an expression over the FROM scope (e.g. an
+            ORDER BY item) into one over the reduce's output.
+        """
+        group = s.args.get("group")
+        for key in ("rollup", "cube", "grouping_sets"):
+            if group is not None and group.args.get(key):
+                raise self.unsupported(f"GROUP BY {key.upper().replace('_', ' ')}", group)
+        items = list(s.expressions)
+        for item in items:
+            if isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            ):
+                raise self.error("SELECT * in a grouped query: name the columns", s)
+        pre: dict[str, tuple[str, exp.Expression]] = {}  # sql -> (column, expression)
+
+        def pre_column(e: exp.Expression, prefix: str) -> str:
+            key = e.sql()
+            if key not in pre:
+                name = e.name if isinstance(e, exp.Column) else f"_{prefix}{len(pre)}"
+                pre[key] = (name, e)
+            return pre[key][0]
+
+        keys: list[str] = []
+        for g in group.expressions if group is not None else []:
+            target = g
+            if isinstance(g, exp.Literal) and not g.is_string:
+                position = int(g.this)
+                if not 1 <= position <= len(items):
+                    raise self.error(f"GROUP BY {position}: the SELECT list has {len(items)}", g)
+                target = items[position - 1]
+            elif isinstance(g, exp.Column) and not g.table:
+                alias = next(
+                    (i for i in items if isinstance(i, exp.Alias) and i.alias.lower() == g.name),
+                    None,
+                )
+                known = {c for r in scope.relations for c in r.node.columns}
+                if alias is not None and g.name.lower() not in known:
+                    target = alias
+            if isinstance(target, exp.Alias):
+                target = target.this
+            resolved = self.expression(target, scope, "GROUP BY")
+            name = pre_column(resolved, "g")
+            if name not in keys:
+                keys.append(name)
+        group_sql = {e.sql(): n for n, e in pre.values() if n in keys}
+        calls: dict[tuple, str] = {}
+        aggregates: list[Aggregate] = []
+
+        def register(call: _Call, at: exp.Expression, prefer: str | None = None) -> str:
+            arg = None
+            if call.arg is not None:
+                arg = pre_column(call.arg, "a")
+            order = tuple((pre_column(e, "a"), d, nf) for e, d, nf in call.order)
+            func = call.func
+            distinct = call.distinct and func not in ("min", "max")
+            if func == "median":
+                func, params = "percentile_cont", (0.5,)
+            else:
+                params = call.params
+            sig = (func, arg, distinct, params, order)
+            if sig not in calls:
+                taken = set(keys) | set(calls.values())
+                calls[sig] = prefer if prefer and prefer not in taken else f"_agg{len(calls)}"
+                try:
+                    aggregates.append(Aggregate(calls[sig], func, arg, distinct, params, order))
+                except Exception as e:  # InvariantViolation: a malformed call
+                    raise self.error(str(e), at) from e
+            return calls[sig]
+
+        def rewrite(e: exp.Expression, clause: str, prefer: str | None = None) -> exp.Expression:
+            resolved = self.expression(e, scope, clause, aggregates=True)
+
+            def sub(n: exp.Expression) -> exp.Expression:
+                if n.sql() in group_sql:
+                    return exp.column(group_sql[n.sql()])
+                call = self.aggregate_call(n)
+                if call is not None:
+                    return exp.column(register(call, n, prefer if n.parent is None else None))
+                if isinstance(n, exp.Column):
+                    user = n.name.replace("__", ".", 1)
+                    raise self.error(
+                        f"column {user!r} must appear in GROUP BY or inside an aggregate "
+                        "function",
+                        _find_column(e, n.name.split("__")[-1]) or e,
+                    )
+                return n
+
+            return resolved.transform(sub)
+
+        outputs: list[tuple[str, exp.Expression]] = []
+        for i, item in enumerate(items):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(item, exp.Alias):
+                name = item.alias.lower()
+            elif isinstance(item, exp.Column):
+                name = item.name.lower()
+            elif not need_names:
+                name = f"_c{i}"
+            else:
+                raise self.error(
+                    f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name",
+                    item,
+                )
+            outputs.append((name, rewrite(inner, "SELECT", name)))
+        having = s.args.get("having")
+        having_expr = rewrite(having.this, "HAVING") if having is not None else None
+        if not keys and not aggregates:
+            raise self.error("GROUP BY without keys or aggregates", s)
+        pre_project = Project(node, tuple((n, e) for n, e in pre.values()))
+        reduce_node: Node = Reduce(
+            pre_project, tuple(keys), tuple(aggregates), self.label(), self.group_size
+        )
+        if having_expr is not None:
+            reduce_node = Filter(reduce_node, having_expr)
+        return Project(reduce_node, tuple(outputs)), lambda e: rewrite(e, "ORDER BY")
+
+    def aggregate_call(self, n: exp.Expression) -> _Call | None:
+        """The aggregate ``n`` calls, or None if it is not one (``n`` is resolved)."""
+        where = None
+        if isinstance(n, exp.Filter) and isinstance(n.this, exp.AggFunc):
+            where = n.expression.this if isinstance(n.expression, exp.Where) else n.expression
+            n = n.this
+        order: list[tuple[exp.Expression, bool, bool]] = []
+        params: tuple[object, ...] = ()
+        if isinstance(n, exp.WithinGroup):
+            ordered = n.expression.expressions if isinstance(n.expression, exp.Order) else []
+            inner = n.this
+            name = _AGG_CLASSES.get(type(inner).__name__)
+            if name not in ("percentile_cont", "percentile_disc") or len(ordered) != 1:
+                raise self.unsupported(f"{n.sql(dialect='spark')} (WITHIN GROUP)", n)
+            frac = inner.this
+            if not (isinstance(frac, exp.Literal) and not frac.is_string):
+                raise self.error(f"{name} needs a literal fraction", n)
+            if not 0 <= float(frac.this) <= 1:
+                raise self.error(f"{name} fraction {frac.this} is not between 0 and 1", frac)
+            return _Call(
+                name,
+                ordered[0].this.copy(),
+                False,
+                (float(frac.this),),
+                ((ordered[0].this.copy(), bool(ordered[0].args.get("desc")),
+                  bool(ordered[0].args.get("nulls_first"))),),
+            )
+        if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
+            func = _AGG_ANONYMOUS[n.name.lower()]
+            args = list(n.expressions)
+        elif isinstance(n, exp.AggFunc):
+            func = _AGG_CLASSES.get(type(n).__name__)
+            if func is None:
+                raise self.unsupported(
+                    f"aggregate function {n.key.upper()} (supported: {SUPPORTED_AGGREGATES})", n
+                )
+            args = [n.this] if n.this is not None else []
+            if func == "string_agg":
+                sep = n.args.get("separator")
+                args.append(sep if sep is not None else exp.Literal.string(","))
+        else:
+            return None
+        distinct = False
+        if args and isinstance(args[0], exp.Distinct):
+            distinct = True
+            inner_args = list(args[0].expressions)
+            if len(inner_args) != 1:
+                raise self.unsupported(f"{func.upper()}(DISTINCT a, b) over several columns", n)
+            args[0] = inner_args[0]
+        if func == "string_agg":
+            value = args[0] if args else None
+            if isinstance(value, exp.Order):
+                order = [
+                    (o.this.copy(), bool(o.args.get("desc")),
+                     bool(o.args.get("nulls_first")))
+                    for o in value.expressions
+                ]
+                value = value.this
+            sep = args[1] if len(args) > 1 else exp.Literal.string(",")
+            if not (isinstance(sep, exp.Literal) and sep.is_string):
+                raise self.error("STRING_AGG needs a literal string separator", n)
+            params = (sep.this,)
+            args = [value]
+        if func == "count" and (
+            not args or isinstance(args[0], exp.Star) or _non_null_literal(args[0])
+        ):
+            if distinct:
+                raise self.unsupported("COUNT(DISTINCT *)", n)
+            arg = None
+        else:
+            if len(args) != 1:
+                raise self.error(f"{func.upper()} takes one argument", n)
+            arg = args[0].copy()
+            for inner in arg.walk():
+                if isinstance(inner, exp.AggFunc):
+                    raise self.error("an aggregate inside an aggregate", n)
+        if where is not None:
+            cond = where.copy()
+            arg = exp.Case(ifs=[exp.If(this=cond, true=arg or exp.Literal.number(1))])
+        return _Call(func, arg, distinct, params, tuple(order))
+
+    # -- DISTINCT, set operations -----------------------------------------------------------
+
+    def distinct(self, node: Node) -> Node:
+        """``SELECT DISTINCT`` / ``UNION``: a reduce with every column as key, no aggregates."""
+        return Reduce(node, node.columns, (), self.label(), self.group_size)
+
+    def set_operation(self, q: exp.Expression, left: Node, right: Node) -> Node:
+        op = "intersect" if isinstance(q, exp.Intersect) else "except"
+        if len(left.columns) != len(right.columns):
+            raise self.error(
+                f"{op.upper()} inputs have {len(left.columns)} and {len(right.columns)} columns",
+                q.expression,
+            )
+        if right.columns != left.columns:
+            right = Project(
+                right, tuple((n, exp.column(c)) for n, c in zip(left.columns, right.columns,
+                                                                 strict=True))
+            )
+        return SetOp(left, right, op, not q.args.get("distinct"), self.label())
+
+    # -- TopK -------------------------------------------------------------------------------
+
+    def order_limit(
+        self,
+        q: exp.Expression,
+        node: Node,
+        sort_key: Callable[[exp.Expression], exp.Expression] | None,
+    ) -> Node:
+        """``ORDER BY ... LIMIT k [OFFSET n]`` on ``node``: a global TopK.
+
+        Args:
+            sort_key: rewrites an ORDER BY expression that is not an output column into an
+                expression over ``node``'s input (None: only output columns may be named).
+        """
+        limit, offset = q.args.get("limit"), q.args.get("offset")
+        order = q.args.get("order")
+        if offset is not None and limit is None:
+            raise self.unsupported("OFFSET without LIMIT", offset)
+        if limit is None:
+            return node  # ORDER BY alone does not change a multiset: a view has no order
+        k = _integer(limit.expression if isinstance(limit, exp.Limit) else limit)
+        n = _integer(offset.expression if isinstance(offset, exp.Offset) else offset) if offset \
+            else 0
+        if k is None or n is None:
+            raise self.unsupported("LIMIT/OFFSET that is not an integer literal", limit)
+        if order is None:
+            raise self.error(
+                "LIMIT without ORDER BY keeps arbitrary rows, which cannot be maintained: add "
+                "ORDER BY",
+                limit,
+                construct="LIMIT without ORDER BY",
+            )
+        if k == 0:
+            raise self.unsupported("LIMIT 0", limit)
+        hidden: list[tuple[str, exp.Expression]] = []
+        keys: list[tuple[str, bool, bool]] = []
+        for o in order.expressions:
+            target = o.this
+            name = None
+            if isinstance(target, exp.Literal) and not target.is_string:
+                pos = int(target.this)
+                if not 1 <= pos <= len(node.columns):
+                    raise self.error(f"ORDER BY {pos}: the query has {len(node.columns)} columns",
+                                     target)
+                name = node.columns[pos - 1]
+            elif isinstance(target, exp.Column) and not target.table and (
+                target.name.lower() in node.columns
+            ):
+                name = target.name.lower()
+            elif isinstance(node, Project):
+                rewritten = sort_key(target) if sort_key is not None else None
+                if rewritten is not None:
+                    match = [c for c, e in node.outputs if e.sql() == rewritten.sql()]
+                    name = match[0] if match else f"_o{len(hidden)}"
+                    if not match:
+                        hidden.append((name, rewritten))
+            if name is None:
+                raise self.unsupported(
+                    "ORDER BY an expression that is not a column of the result (select it)",
+                    target,
+                )
+            keys.append((name, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
+        visible = node.columns
+        if hidden:
+            assert isinstance(node, Project)
+            node = Project(node.input, node.outputs + tuple(hidden))
+        top: Node = TopK(node, (), tuple(keys), k, self.label(), offset=n,
+                         group_size=self.group_size)
+        if hidden:
+            top = Project(top, tuple((c, exp.column(c)) for c in visible))
+        return top
+
+    def ranked(
+        self,
+        window: exp.Window,
+        rank: str | None,
+        node: Project,
+        scope: _Scope,
+    ) -> tuple[Project, tuple[str, ...], tuple[tuple[str, bool, bool], ...]]:
+        """The partition and order columns of ``ROW_NUMBER() OVER (...)``, added to the
+        projection as hidden columns when the query does not select them."""
+        if not isinstance(window.this, exp.RowNumber):
+            raise self.unsupported(
+                f"window function {window.this.sql(dialect='spark')} (only ROW_NUMBER() "
+                "filtered by <= k is maintained)",
+                window,
+            )
+        hidden: list[tuple[str, exp.Expression]] = []
+
+        def column(e: exp.Expression) -> str:
+            resolved = self.expression(e, scope, "OVER")
+            for c, out in list(node.outputs) + hidden:
+                if out.sql() == resolved.sql():
+                    return c
+            hidden.append((f"_w{len(hidden)}", resolved))
+            return hidden[-1][0]
+
+        partition = tuple(column(p) for p in window.args.get("partition_by") or [])
+        order_node = window.args.get("order")
+        if order_node is None or not order_node.expressions:
+            raise self.error("ROW_NUMBER() needs ORDER BY in its OVER clause", window)
+        order = tuple(
+            (column(o.this), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+            for o in order_node.expressions
+        )
+        if window.args.get("spec") is not None:
+            raise self.unsupported("a window frame on ROW_NUMBER()", window)
+        return Project(node.input, node.outputs + tuple(hidden)), partition, order
+
+    def plain(self, node: Node | Ranked) -> Node:
+        """``node``, unless it is a ranking nobody bounded (then the view is rejected)."""
+        if isinstance(node, Ranked):
+            self.rank_filter(node, [], None)  # raises: no rank bound
+        assert not isinstance(node, Ranked)
+        return node
+
+    def rank_filter(
+        self, ranked: Ranked, conjuncts: list[exp.Expression], scope: _Scope | None
+    ) -> tuple[Node, list[exp.Expression]]:
+        """Turn ``rank <= k`` (or ``< k``, ``= 1``) among ``conjuncts`` into a TopK.
+
+        Returns:
+            the TopK (projected to the visible columns and the rank), and the other conjuncts.
+        """
+        limit = None
+        rest = []
+        for c in conjuncts:
+            k = _rank_bound(c, ranked.rank)
+            if k is not None and limit is None:
+                limit = k
+            else:
+                rest.append(c)
+        if limit is None:
+            raise self.error(
+                f"ROW_NUMBER() AS {ranked.rank} needs a filter like {ranked.rank} <= k in the "
+                "query that reads it (an unbounded ranking cannot be maintained)",
+                ranked.at,
+                construct="ROW_NUMBER() without rank filter",
+            )
+        if limit < 1:
+            raise self.error(f"{ranked.rank} filter keeps no rows", conjuncts[0])
+        top = TopK(
+            ranked.input,
+            ranked.partition,
+            ranked.order,
+            limit,
+            self.label(),
+            rank=ranked.rank,
+            group_size=self.group_size,
+        )
+        keep = ranked.visible + (ranked.rank,)
+        return Project(top, tuple((c, exp.column(c)) for c in keep)), rest
+
+
+def _rank_bound(c: exp.Expression, rank: str) -> int | None:
+    """``k`` when ``c`` says ``rank <= k`` (``rank < k+1``, ``rank = 1``, ``k >= rank``)."""
+    while isinstance(c, exp.Paren):
+        c = c.this
+    if not isinstance(c, (exp.LTE, exp.LT, exp.EQ, exp.GTE, exp.GT)):
+        return None
+    left, right = c.this, c.expression
+    flipped = isinstance(right, exp.Column) and right.name.lower() == rank
+    if flipped:
+        left, right = right, left
+    if not (isinstance(left, exp.Column) and left.name.lower() == rank):
+        return None
+    k = _integer(right)
+    if k is None:
+        return None
+    op = type(c)
+    if flipped:
+        op = {exp.GTE: exp.LTE, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.LT: exp.GT}.get(op, op)
+    if op is exp.LTE:
+        return k
+    if op is exp.LT:
+        return k - 1
+    if op is exp.EQ and k == 1:
+        return 1
+    return None
+
+
+def _integer(e: exp.Expression | None) -> int | None:
+    if isinstance(e, exp.Literal) and not e.is_string:
+        try:
+            return int(e.this)
+        except ValueError:
+            return None
+    return None
+
+
+def _non_null_literal(e: exp.Expression) -> bool:
+    return isinstance(e, exp.Literal) and not isinstance(e, exp.Null)
+
+
+def _find_column(e: exp.Expression, name: str) -> exp.Expression | None:
+    for c in e.find_all(exp.Column):
+        if c.name.lower() == name:
+            return c
+    return None

@@ -1,0 +1,728 @@
+"""Reductions on Spark: GROUP BY branches, DISTINCT and set operations, towers, TopK.
+
+Executes the branches :mod:`ivm.plan.reduce` decided. Every branch keeps its state in Delta
+tables (``state/<view>/<table>``) written once per epoch through a :class:`StateStore`, and
+answers "what are the groups' results at time ``t``" for the groups a change touched:
+
+- *accumulable*: the state is, per group, sums of per-row contributions (row count, non-null
+  counts, sums, sums of squares, counts of TRUE) appended as one row per touched group and
+  epoch; the result at ``t`` is the sum of the rows up to ``t``. Exact: integer and DECIMAL
+  sums are kept as DECIMAL(38, s).
+- *hierarchical* (MIN/MAX) and *topk*: a tower (see :mod:`ivm.plan.reduce`). A change to
+  level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
+  entries), and passes on only the buckets whose result changed; a level whose change is
+  empty stops the climb.
+- *basic*: the touched groups are recomputed by Spark from the branch's input arrangement.
+- *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on.
+- *threshold*: per-row counts of both inputs of INTERSECT/EXCEPT, and the multiplicity rule.
+
+Contract in ``(data, time, diff)`` terms: given the input's updates ``Δ`` in ``(old, new]``
+and state tables holding the input up to ``old``, :func:`render_reduce` (and the set-op and
+TopK renderers) return ``R(new) - R(old)`` as updates at time ``new`` (``-1`` for each old
+result row of a touched group, ``+1`` for each new one, consolidated, so unchanged groups
+produce nothing) and leave the state tables holding the input up to ``new``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import reduce as fold
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ivm.errors import InvariantViolation, UnsupportedSqlError
+from ivm.plan.ir import Aggregate, Reduce, SetOp, TopK
+from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, Branch, StateTable, branches
+from ops import DIFF, TIME
+from ops.consolidate import consolidate
+
+
+def _c(name: str) -> Column:
+    return F.col(f"`{name}`")
+
+
+@dataclass
+class StateStore:
+    """Where a view's state tables live, and reading/writing them at the refresh's times.
+
+    Implemented by the engine (it knows the lake and the epochs); operators only call it.
+
+    Attributes:
+        old: the epoch the state holds before this refresh (0: none, the view is being built).
+        new: the epoch this refresh writes.
+        write: ``(table, updates)`` appends an epoch's updates to a state table once
+            (idempotent per epoch; a build replaces the table).
+        read: ``(table, key columns, keys, as_of)`` the table's raw rows (``_time <= as_of``)
+            whose key columns equal (NULL-safe) a row of ``keys``.
+        label: a name for progress messages.
+    """
+
+    spark: SparkSession
+    old: int
+    new: int
+    write: Callable[[StateTable, DataFrame], None]
+    read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
+    progress: Callable[[str], None] = field(default=lambda msg: None)
+
+    def read_consolidated(
+        self, table: StateTable, key: Sequence[str], keys: DataFrame, as_of: int, like: DataFrame
+    ) -> DataFrame:
+        """The table's multiset at ``as_of`` for ``keys``: ``(columns..., _diff)``.
+
+        At ``as_of`` 0 (before the view existed) it is empty, shaped like ``like``'s columns
+        (the table may not exist yet).
+        """
+        if as_of <= 0:
+            return like.select(*[_c(c) for c in like.columns if c != TIME]).limit(0)
+        rows = self.read(table, key, keys, as_of)
+        columns = [c for c in rows.columns if c not in (TIME, DIFF)]
+        return consolidate(rows, columns, by_time=False)
+
+
+def materialize(df: DataFrame) -> DataFrame:
+    """Compute ``df`` once and keep it (it is read several times); lineage is cut."""
+    return df.localCheckpoint(eager=True)
+
+
+def _empty(df: DataFrame) -> bool:
+    return df.limit(1).count() == 0
+
+
+def _with_global_key(df: DataFrame) -> DataFrame:
+    return df.withColumn(GLOBAL_KEY, F.lit(0).cast("int"))
+
+
+# -- accumulable -------------------------------------------------------------------------------
+
+
+def _sum_type(dt: T.DataType, what: str) -> T.DataType:
+    if isinstance(dt, T.DecimalType):
+        return T.DecimalType(38, dt.scale)
+    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        return T.DecimalType(38, 0)
+    if isinstance(dt, (T.FloatType, T.DoubleType)):
+        return T.DoubleType()
+    raise UnsupportedSqlError(f"{what} over a column of type {dt.simpleString()}",
+                              construct=what)
+
+
+def _square_type(dt: T.DataType) -> T.DataType:
+    if isinstance(dt, T.DecimalType):
+        return T.DecimalType(38, min(38, 2 * dt.scale))
+    return _sum_type(dt, "STDDEV/VARIANCE")
+
+
+@dataclass(frozen=True)
+class _Accumulator:
+    """State columns and result expressions of an accumulable branch."""
+
+    contributions: list[Column]  # over an input update row, named state columns
+    state_columns: list[str]
+    results: list[Callable[[], Column]]  # over summed state columns, one per aggregate
+    names: list[str]
+
+
+def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accumulator:
+    diff = _c(DIFF)
+    contributions = [diff.cast("bigint").alias("_rows")]
+    state = ["_rows"]
+    seen: set[str] = set()
+
+    def add(name: str, expr: Column) -> str:
+        if name not in seen:
+            seen.add(name)
+            contributions.append(expr.alias(name))
+            state.append(name)
+        return name
+
+    results: list[Callable[[], Column]] = []
+    for a in aggregates:
+        if a.arg is None:
+            results.append(lambda: _c("_rows"))
+            continue
+        x = _c(a.arg)
+        dt = schema[a.arg].dataType
+        nn = add(f"_nn_{a.arg}", F.when(x.isNotNull(), diff).otherwise(0).cast("bigint"))
+        func = a.func
+        if func == "count":
+            results.append(lambda nn=nn: _c(nn))
+        elif func in ("sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"):
+            st = _sum_type(dt, func.upper())
+            total = add(f"_sum_{a.arg}", F.coalesce(x.cast(st) * diff, F.lit(0).cast(st)))
+            if func == "sum":
+                results.append(lambda nn=nn, total=total, dt=dt: _sum_result(nn, total, dt))
+            elif func == "avg":
+                results.append(lambda nn=nn, total=total, dt=dt: _avg_result(nn, total, dt))
+            else:
+                sq_t = _square_type(dt)
+                sq = add(
+                    f"_sq_{a.arg}",
+                    F.coalesce((x.cast(sq_t) * x.cast(sq_t)).cast(sq_t) * diff, F.lit(0).cast(sq_t)),
+                )
+                results.append(lambda nn=nn, total=total, sq=sq, f=func: _var_result(nn, total, sq, f))
+        elif func in ("bool_and", "bool_or"):
+            if not isinstance(dt, T.BooleanType):
+                raise UnsupportedSqlError(
+                    f"{func.upper()} over a column of type {dt.simpleString()}", construct=func
+                )
+            true = add(f"_true_{a.arg}", F.when(x, diff).otherwise(0).cast("bigint"))
+            if func == "bool_and":
+                results.append(lambda nn=nn, t=true: F.when(_c(nn) > 0, _c(t) == _c(nn)))
+            else:
+                results.append(lambda nn=nn, t=true: F.when(_c(nn) > 0, _c(t) > 0))
+        else:  # pragma: no cover - the planner routes only accumulable functions here
+            raise InvariantViolation(f"{func} is not accumulable")
+    return _Accumulator(contributions, state, results, [a.name for a in aggregates])
+
+
+def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:
+    if isinstance(dt, T.DecimalType):
+        out: T.DataType = T.DecimalType(min(38, dt.precision + 10), dt.scale)
+    elif isinstance(dt, (T.FloatType, T.DoubleType)):
+        out = T.DoubleType()
+    else:
+        out = T.LongType()
+    return F.when(_c(nn) > 0, _c(total).cast(out))
+
+
+def _avg_result(nn: str, total: str, dt: T.DataType) -> Column:
+    """Spark's own AVG: DECIMAL(p, s) -> sum as DECIMAL(p+10, s) / count, as DECIMAL(p+4, s+4)."""
+    if isinstance(dt, T.DecimalType):
+        p, s = dt.precision, dt.scale
+        expr = (
+            f"CAST(CAST(`{total}` AS DECIMAL({min(38, p + 10)}, {s})) / "
+            f"CAST(`{nn}` AS DECIMAL(20, 0)) AS DECIMAL({min(38, p + 4)}, {min(38, s + 4)}))"
+        )
+        return F.when(_c(nn) > 0, F.expr(expr))
+    return F.when(_c(nn) > 0, _c(total).cast("double") / _c(nn).cast("double"))
+
+
+def _var_result(nn: str, total: str, sq: str, func: str) -> Column:
+    """Variance from exact sums: ``(n * Σx² - (Σx)²) / (n * (n - ddof))``, the numerator
+    exact for integers and decimals, one division in double."""
+    n = _c(nn)
+    numerator = (n.cast("decimal(20,0)") * _c(sq) - _c(total) * _c(total)).cast("double")
+    ddof = 1 if func.endswith("samp") else 0
+    var = F.greatest(numerator, F.lit(0.0)) / (n.cast("double") * (n - ddof).cast("double"))
+    result = F.sqrt(var) if func.startswith("stddev") else var
+    return F.when(n > ddof, result)
+
+
+def _accumulate(
+    store: StateStore,
+    table: StateTable,
+    acc: _Accumulator,
+    delta: DataFrame,
+    keys: Sequence[str],
+) -> None:
+    """Append the per-group sums of ``delta``'s contributions (all-zero rows dropped)."""
+    sums = delta.groupBy(*[_c(k) for k in keys]).agg(
+        *[F.sum(c).alias(n) for c, n in zip(acc.contributions, acc.state_columns, strict=True)]
+    )
+    nonzero = fold(lambda a, b: a | b, [_c(n) != 0 for n in acc.state_columns])
+    store.write(table, sums.where(nonzero).withColumn(TIME, F.lit(store.new).cast("bigint")))
+
+
+def _accumulated_values(
+    store: StateStore,
+    table: StateTable,
+    acc: _Accumulator,
+    keys: Sequence[str],
+    touched: DataFrame,
+    global_row: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """The branch's results for ``touched`` groups at old and at new (existing groups only;
+    a global reduce always has its one row, once the view exists)."""
+    rows = store.read(table, keys, touched, store.new)
+    sums = rows.groupBy(*[_c(k) for k in keys]).agg(
+        *[F.sum(_c(n)).alias(n) for n in acc.state_columns],
+        *[F.sum(F.when(_c(TIME) <= store.old, _c(n))).alias(f"{n}__old") for n in acc.state_columns],
+    )
+    if global_row:  # the one row exists even when no state row does
+        sums = touched.join(sums, on=list(keys), how="left")
+    out = []
+    for suffix in ("__old", ""):
+        cols = [
+            F.coalesce(_c(f"{n}{suffix}"), F.lit(0)).cast(
+                sums.schema[f"{n}{suffix}"].dataType).alias(n)
+            for n in acc.state_columns
+        ]
+        state = sums.select(*[_c(k) for k in keys], *cols)
+        if not global_row:
+            state = state.where(_c("_rows") > 0)
+        elif suffix == "__old" and store.old == 0:
+            state = state.where(F.lit(False))
+        out.append(
+            state.select(
+                *[_c(k) for k in keys],
+                *[r().alias(n) for r, n in zip(acc.results, acc.names, strict=True)],
+            )
+        )
+    return out[0], out[1]
+
+
+# -- towers (MIN/MAX and TopK) -----------------------------------------------------------------
+
+
+def _bucket(columns: Sequence[str], levels: int) -> Column:
+    """``hash(columns) mod 16^levels``: the row's bucket at level 0."""
+    h = F.xxhash64(*[_c(c) for c in columns])
+    return F.pmod(h, F.lit(1 << (FANOUT_BITS * levels)).cast("bigint"))
+
+
+def _parent(b: Column) -> Column:
+    return F.shiftright(b, FANOUT_BITS)
+
+
+@dataclass(frozen=True)
+class _Tower:
+    """What a tower keeps per bucket and how a bucket's children reduce to it."""
+
+    keys: tuple[str, ...]
+    values: tuple[str, ...]  # value columns at levels >= 1
+    leaf_values: tuple[str, ...]  # value columns at level 0
+    combine: Callable[[DataFrame, list[str], bool], DataFrame]
+    """``(children, group columns, leaf)`` -> bucket rows ``(group..., values..., _diff)``."""
+
+
+def _climb(store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame) -> DataFrame:
+    """Write a change to level 0 and carry it up the tower; returns the top level's change."""
+    keys = list(tower.keys)
+    tables = branch.tables
+    delta = materialize(
+        consolidate(
+            level0.withColumn("_b", _bucket(list(tower.leaf_values), branch.levels))
+            .withColumn("_p", _parent(_c("_b")))
+            .withColumn(TIME, F.lit(store.new).cast("bigint")),
+            [*keys, "_p", "_b", *tower.leaf_values],
+        )
+    )
+    store.write(tables[0], delta)
+    for level in range(1, branch.levels + 1):
+        if store.old > 0 and _empty(delta):  # a build writes every level (they must exist)
+            store.progress(f"{branch.name}: no change reaches level {level}")
+            break
+        parents = delta.select(*[_c(k) for k in keys], _c("_p")).distinct()
+        children = store.read_consolidated(
+            tables[level - 1], [*keys, "_p"], parents, store.new, delta
+        )
+        fresh = tower.combine(children.drop("_b"), [*keys, "_p"], level == 1)
+        fresh = fresh.withColumnRenamed("_p", "_b")
+        fresh = fresh.withColumn("_p", _parent(_c("_b")))
+        old = store.read_consolidated(
+            tables[level],
+            [*keys, "_b"],
+            parents.withColumnRenamed("_p", "_b"),
+            store.old,
+            fresh,
+        ).withColumn(DIFF, -_c(DIFF))
+        cols = [*keys, "_p", "_b", *tower.values]
+        change = fresh.select(*[_c(c) for c in cols], DIFF).unionByName(
+            old.select(*[_c(c) for c in cols], DIFF)
+        )
+        delta = materialize(
+            consolidate(change.withColumn(TIME, F.lit(store.new).cast("bigint")), cols)
+        )
+        store.write(tables[level], delta)
+    return delta
+
+
+def _minmax_combine(funcs: Sequence[str], arg: str) -> Callable[[DataFrame, list[str], bool], DataFrame]:
+    def combine(children: DataFrame, group: list[str], leaf: bool) -> DataFrame:
+        aggs = []
+        for f in funcs:
+            src = _c(arg) if leaf else _c(f"_{f}")
+            aggs.append((F.min(src) if f == "min" else F.max(src)).alias(f"_{f}"))
+        return children.groupBy(*[_c(g) for g in group]).agg(*aggs).withColumn(
+            DIFF, F.lit(1).cast("bigint")
+        )
+
+    return combine
+
+
+def _order_columns(order: Sequence[tuple[str, bool, bool]], rest: Sequence[str]) -> list[Column]:
+    """ORDER BY columns, then the remaining columns ascending (a total, deterministic order)."""
+    out = []
+    for c, desc, nulls_first in order:
+        col = _c(c)
+        if desc:
+            out.append(col.desc_nulls_first() if nulls_first else col.desc_nulls_last())
+        else:
+            out.append(col.asc_nulls_first() if nulls_first else col.asc_nulls_last())
+    named = {c for c, _, _ in order}
+    out.extend(_c(c).asc_nulls_first() for c in rest if c not in named)
+    return out
+
+
+def _first_k(
+    rows: DataFrame, group: list[str], order: list[Column], k: int
+) -> DataFrame:
+    """Per group, the first ``k`` rows in ``order`` counting multiplicities (``_diff``), the
+    last one's multiplicity cut to fit."""
+    w = Window.partitionBy(*[_c(g) for g in group]).orderBy(*order)
+    before = F.sum(_c(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, -1))
+    ranked = rows.withColumn("_before", F.coalesce(before, F.lit(0)))
+    kept = ranked.where(_c("_before") < k)
+    return kept.withColumn(DIFF, F.least(_c(DIFF), F.lit(k) - _c("_before")).cast("bigint")).drop(
+        "_before"
+    )
+
+
+# -- the renderers -----------------------------------------------------------------------------
+
+
+def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFrame:
+    """The reduce's updates in ``(old, new]`` from its input's updates ``delta``."""
+    keys = list(node.keys)
+    global_row = not keys
+    if global_row:
+        delta = _with_global_key(delta)
+        keys = [GLOBAL_KEY]
+    delta = materialize(delta.where(_c(DIFF) != 0))
+    touched = delta.select(*[_c(k) for k in keys]).distinct()
+    if global_row:
+        touched = store.spark.range(1).select(F.lit(0).cast("int").alias(GLOBAL_KEY))
+    touched = materialize(touched)
+    results: list[tuple[DataFrame, DataFrame]] = []
+    for branch in branches(node):
+        results.append(_branch_values(node, branch, delta, keys, touched, store, global_row))
+    old, new = results[0]
+    for o, n in results[1:]:  # collation: the branches' columns side by side, per group
+        old = _join_on(old, o, keys, "inner")
+        new = _join_on(new, n, keys, "inner")
+    out_cols = [_c(c) for c in node.columns] if not global_row else [
+        _c(a.name) for a in node.aggregates
+    ]
+    stamp = F.lit(store.new).cast("bigint").alias(TIME)
+    change = new.select(*out_cols, stamp, F.lit(1).cast("bigint").alias(DIFF)).unionByName(
+        old.select(*out_cols, stamp, F.lit(-1).cast("bigint").alias(DIFF))
+    )
+    return consolidate(change, node.columns)
+
+
+def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -> DataFrame:
+    """Join on ``keys`` with NULL equal to NULL (grouping semantics); ``left``'s keys kept.
+
+    The right side's keys are renamed first, so the two sides may derive from one frame.
+    """
+    renamed = right.select(
+        *[_c(c).alias(f"_r_{c}") if c in keys else _c(c) for c in right.columns]
+    )
+    cond = fold(lambda a, b: a & b, [_c(k).eqNullSafe(_c(f"_r_{k}")) for k in keys])
+    return left.join(renamed, on=cond, how=how).drop(*[f"_r_{k}" for k in keys])
+
+
+def _branch_values(
+    node: Reduce,
+    branch: Branch,
+    delta: DataFrame,
+    keys: list[str],
+    touched: DataFrame,
+    store: StateStore,
+    global_row: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """One branch: write its state change, return its results at old and new for ``touched``."""
+    schema = delta.schema
+    if branch.distinct:
+        delta = _distinct_change(branch, delta, keys, store)
+    if branch.kind == "accumulable":
+        acc = _accumulator(branch.aggregates, schema)
+        table = branch.tables[-1]
+        _accumulate(store, table, acc, delta, keys)
+        return _accumulated_values(store, table, acc, keys, touched, global_row)
+    if branch.kind == "basic":
+        return _basic_values(branch, delta, keys, touched, store, global_row)
+    return _minmax_values(node, branch, delta, keys, touched, store, global_row)
+
+
+def _distinct_change(
+    branch: Branch, delta: DataFrame, keys: list[str], store: StateStore
+) -> DataFrame:
+    """Write the ``(group, value)`` counts; return the change of the distinct set
+    (``+1`` when a value's count rises from zero, ``-1`` when it falls to zero)."""
+    value = branch.value or ""
+    table = branch.tables[0]
+    cols = [*keys, value]
+    change = materialize(
+        consolidate(
+            delta.select(*[_c(c) for c in cols], DIFF).withColumn(
+                TIME, F.lit(store.new).cast("bigint")
+            ),
+            cols,
+        )
+    )
+    old = store.read_consolidated(
+        table, cols, change.select(*[_c(c) for c in cols]), store.old, change
+    ).withColumnRenamed(DIFF, "_c_old")
+    store.write(table, change)
+    joined = _join_on(change, old, cols, "left").select(
+        *[_c(c) for c in cols],
+        F.coalesce(_c("_c_old"), F.lit(0)).alias("_c_old"),
+        (F.coalesce(_c("_c_old"), F.lit(0)) + _c(DIFF)).alias("_c_new"),
+    )
+    flip = (F.when(_c("_c_new") > 0, 1).otherwise(0) - F.when(_c("_c_old") > 0, 1).otherwise(0))
+    out = joined.select(*[_c(c) for c in cols], flip.cast("bigint").alias(DIFF)).where(
+        _c(DIFF) != 0
+    )
+    if branch.kind == "basic":
+        return out
+    return materialize(out)
+
+
+def _check_append_only(label: str, delta: DataFrame) -> None:
+    if not _empty(delta.where(_c(DIFF) < 0)):
+        raise InvariantViolation(
+            f"{label}: an input declared append-only (delta.appendOnly) delivered deletions; "
+            "rebuild the view with `ivm refresh --rebuild`"
+        )
+
+
+def _minmax_values(
+    node: Reduce,
+    branch: Branch,
+    delta: DataFrame,
+    keys: list[str],
+    touched: DataFrame,
+    store: StateStore,
+    global_row: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """MIN/MAX of one column: a tower (or, for a monotonic input, the old result combined
+    with the insertions); the results are the top level's rows."""
+    funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
+    arg = branch.value or ""
+    values = [f"_{f}" for f in funcs]
+    top = branch.tables[-1]
+    if branch.levels == 0:
+        _check_append_only(node.label, delta)
+        groups = delta.select(*[_c(k) for k in keys]).distinct()
+        inserted = delta.select(*[_c(k) for k in keys], *[_c(arg).alias(v) for v in values], DIFF)
+        old_top = store.read_consolidated(top, keys, groups, store.old, inserted)
+        combined = inserted.drop(DIFF).unionByName(
+            old_top.select(*[_c(k) for k in keys], *[_c(v) for v in values])
+        )
+        fresh = _minmax_combine(funcs, "")(combined, keys, False)
+        cols = [*keys, *values]
+        change = fresh.select(*[_c(c) for c in cols], DIFF).unionByName(
+            old_top.select(*[_c(c) for c in cols], (-_c(DIFF)).alias(DIFF))
+        )
+        store.write(
+            top, consolidate(change.withColumn(TIME, F.lit(store.new).cast("bigint")), cols)
+        )
+        read_key, probe, group_cols = keys, touched, keys
+    else:
+        tkeys = [k for k in keys if k != GLOBAL_KEY]
+        tower = _Tower(tuple(tkeys), tuple(values), (arg,), _minmax_combine(funcs, arg))
+        _climb(store, branch, tower, delta.select(*[_c(k) for k in tkeys], _c(arg), DIFF))
+        read_key, group_cols = [*tkeys, "_b"], tkeys
+        probe = (touched.select(*[_c(k) for k in tkeys]) if tkeys else store.spark.range(1)
+                 .select()).withColumn("_b", F.lit(0).cast("bigint"))
+    rows = store.read(top, read_key, probe, store.new)
+    out = []
+    for at in (store.old, store.new):
+        state = consolidate(
+            rows.where(_c(TIME) <= at), [*group_cols, *values], by_time=False
+        ).where(_c(DIFF) > 0)
+        if global_row:
+            if GLOBAL_KEY not in group_cols:
+                state = state.withColumn(GLOBAL_KEY, F.lit(0).cast("int"))
+            state = touched.join(state, on=keys, how="left")
+            if at == 0:
+                state = state.where(F.lit(False))
+        out.append(
+            state.select(
+                *[_c(k) for k in keys],
+                *[_c(f"_{a.func}").alias(a.name) for a in branch.aggregates],
+            )
+        )
+    return out[0], out[1]
+
+
+def _basic_values(
+    branch: Branch,
+    delta: DataFrame,
+    keys: list[str],
+    touched: DataFrame,
+    store: StateStore,
+    global_row: bool,
+) -> tuple[DataFrame, DataFrame]:
+    """Recompute the touched groups from the branch's input arrangement (or distinct set)."""
+    args = list(dict.fromkeys(c for a in branch.aggregates for c in sorted(a.reads)))
+    table = branch.tables[0]
+    cols = [*keys, *[a for a in args if a not in keys]]
+    if not branch.distinct:
+        store.write(
+            table,
+            consolidate(
+                delta.select(*[_c(c) for c in cols], DIFF).withColumn(
+                    TIME, F.lit(store.new).cast("bigint")
+                ),
+                cols,
+            ),
+        )
+    rows = store.read(table, keys, touched, store.new)
+    data_cols = [c for c in rows.columns if c not in (TIME, DIFF)]
+    out = []
+    for at in (store.old, store.new):
+        state = consolidate(rows.where(_c(TIME) <= at), data_cols, by_time=False).where(
+            _c(DIFF) > 0
+        )
+        if branch.distinct:
+            state = state.withColumn(DIFF, F.lit(1).cast("bigint"))
+        # one row per copy: the aggregates see the multiset
+        copies = state.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
+        aggs = [F.expr(_basic_sql(a)).alias(a.name) for a in branch.aggregates]
+        result = copies.groupBy(*[_c(k) for k in keys]).agg(*aggs)
+        if global_row:
+            result = touched.join(result, on=keys, how="left")
+            if at == 0:
+                result = result.where(F.lit(False))
+        out.append(result)
+    return out[0], out[1]
+
+
+def _basic_sql(a: Aggregate) -> str:
+    def order(default: str) -> str:
+        items = a.order or ((default, False, True),)
+        return ", ".join(
+            f"`{c}` {'DESC' if d else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}" for c, d, nf in items
+        )
+
+    if a.func == "string_agg":
+        sep = str(a.params[0]).replace("'", "''")
+        return f"listagg(`{a.arg}`, '{sep}') WITHIN GROUP (ORDER BY {order(a.arg or '')})"
+    if a.func in ("percentile_cont", "percentile_disc"):
+        return f"{a.func}({a.params[0]}) WITHIN GROUP (ORDER BY {order(a.arg or '')})"
+    raise InvariantViolation(f"{a.func} is not a basic aggregate")
+
+
+def render_setop(node: SetOp, left: DataFrame, right: DataFrame, store: StateStore) -> DataFrame:
+    """``left INTERSECT|EXCEPT [ALL] right`` from the inputs' updates (per-row counts)."""
+    cols = list(node.columns)
+    branch = branches(node)[0]
+    table = branch.tables[0]
+    renamed = right.select(
+        *[_c(r).alias(c) for r, c in zip(right.columns[: len(cols)], cols, strict=True)], DIFF
+    )
+    tagged = left.select(
+        *[_c(c) for c in cols],
+        _c(DIFF).cast("bigint").alias("_ca"),
+        F.lit(0).cast("bigint").alias("_cb"),
+    ).unionByName(
+        renamed.select(
+            *[_c(c) for c in cols],
+            F.lit(0).cast("bigint").alias("_ca"),
+            _c(DIFF).cast("bigint").alias("_cb"),
+        )
+    )
+    sums = materialize(
+        tagged.groupBy(*[_c(c) for c in cols])
+        .agg(F.sum("_ca").alias("_ca"), F.sum("_cb").alias("_cb"))
+        .where((_c("_ca") != 0) | (_c("_cb") != 0))
+        .withColumn(TIME, F.lit(store.new).cast("bigint"))
+    )
+    store.write(table, sums)
+    rows = store.read(table, cols, sums.select(*[_c(c) for c in cols]), store.new)
+    state = rows.groupBy(*[_c(c) for c in cols]).agg(
+        F.sum("_ca").alias("a1"),
+        F.sum("_cb").alias("b1"),
+        F.sum(F.when(_c(TIME) <= store.old, _c("_ca")).otherwise(0)).alias("a0"),
+        F.sum(F.when(_c(TIME) <= store.old, _c("_cb")).otherwise(0)).alias("b0"),
+    )
+
+    def multiplicity(a: Column, b: Column) -> Column:
+        if node.op == "intersect":
+            return F.least(a, b) if node.all else F.when((a > 0) & (b > 0), 1).otherwise(0)
+        return F.greatest(a - b, F.lit(0)) if node.all else F.when((a > 0) & (b <= 0), 1).otherwise(0)
+
+    diff = multiplicity(_c("a1"), _c("b1")) - multiplicity(_c("a0"), _c("b0"))
+    return state.select(
+        *[_c(c) for c in cols],
+        F.lit(store.new).cast("bigint").alias(TIME),
+        diff.cast("bigint").alias(DIFF),
+    ).where(_c(DIFF) != 0)
+
+
+def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
+    """The first ``limit`` rows per partition (after ``offset``) from the input's updates."""
+    branch = branches(node)[0]
+    keys = list(node.partition)
+    data = list(node.input.columns)
+    rest = [c for c in data if c not in keys]
+    k = node.limit + node.offset
+    order = _order_columns(node.order, data)
+    delta = materialize(delta.select(*[_c(c) for c in data], DIFF).where(_c(DIFF) != 0))
+    top = branch.tables[-1]
+    stamp = F.lit(store.new).cast("bigint")
+    if branch.levels == 0:  # monotonic: the old first k and the insertions
+        _check_append_only(node.label, delta)
+        tkeys = keys or [GLOBAL_KEY]
+        frame = delta if keys else _with_global_key(delta)
+        cols = list(dict.fromkeys([*tkeys, *data]))
+        old_top = store.read_consolidated(
+            top,
+            tkeys,
+            frame.select(*[_c(c) for c in tkeys]).distinct(),
+            store.old,
+            frame.select(*[_c(c) for c in cols], DIFF),
+        )
+        both = consolidate(
+            frame.select(*[_c(c) for c in cols], DIFF).unionByName(
+                old_top.select(*[_c(c) for c in cols], DIFF)
+            ),
+            cols,
+            by_time=False,
+        )
+        fresh = _first_k(both, tkeys, order, k)
+        change = materialize(
+            consolidate(
+                fresh.select(*[_c(c) for c in cols], DIFF)
+                .unionByName(old_top.select(*[_c(c) for c in cols], (-_c(DIFF)).alias(DIFF)))
+                .withColumn(TIME, stamp),
+                cols,
+            )
+        )
+        store.write(top, change)
+        read_key = tkeys
+    else:
+
+        def combine(children: DataFrame, group: list[str], leaf: bool) -> DataFrame:
+            return _first_k(children, group, order, k)
+
+        tower = _Tower(tuple(keys), tuple(rest), tuple(rest), combine)
+        change = _climb(store, branch, tower, delta)
+        read_key = [*keys, "_b"]
+    if node.rank is None and node.offset == 0:
+        return change.select(*[_c(c) for c in data], stamp.alias(TIME), DIFF)
+    # Ranks: number the touched partitions' first k rows at old and at new.
+    groups = change.select(*[_c(c) for c in read_key]).distinct()
+    rows = store.read(top, read_key, groups, store.new)
+    state_cols = [c for c in rows.columns if c not in (TIME, DIFF)]
+    parts = []
+    for at, sign in ((store.old, -1), (store.new, 1)):
+        state = consolidate(rows.where(_c(TIME) <= at), state_cols, by_time=False)
+        copies = state.where(_c(DIFF) > 0).withColumn(
+            "_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int")))
+        )
+        w = Window.partitionBy(*[_c(c) for c in read_key]).orderBy(*order, _c("_copy"))
+        numbered = copies.withColumn("_rn", F.row_number().over(w)).where(
+            (_c("_rn") > node.offset) & (_c("_rn") <= k)
+        )
+        cols = [_c(c) for c in data]
+        if node.rank is not None:
+            cols.append(_c("_rn").cast("int").alias(node.rank))
+        parts.append(
+            numbered.select(*cols, stamp.alias(TIME), F.lit(sign).cast("bigint").alias(DIFF))
+        )
+    return consolidate(parts[0].unionByName(parts[1]), node.columns)
+
+
+def render_stateful(node: Reduce | SetOp | TopK, children: list[DataFrame], store: StateStore):
+    """Dispatch a stateful node to its renderer (``children``: its inputs' updates)."""
+    if isinstance(node, Reduce):
+        return render_reduce(node, children[0], store)
+    if isinstance(node, SetOp):
+        return render_setop(node, children[0], children[1], store)
+    return render_topk(node, children[0], store)
