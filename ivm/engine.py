@@ -151,7 +151,8 @@ class Engine:
     def plan(self) -> ProjectPlan:
         parsed = [parse_view_file(f) for f in self.project.view_files()]
         columns = {name: s.column_names() for name, s in self.sources.items()}
-        return plan_views(parsed, columns)
+        append_only = {name for name, s in self.sources.items() if s.append_only()}
+        return plan_views(parsed, columns, append_only)
 
     def view(self, name: str) -> ViewPlan:
         try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ops import DIFF, TIME
@@ -156,6 +156,9 @@ def lookup(
             scans.append(([f.file for f in live], k0.isNull()))
     else:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
+    narrow = _narrowing(key, rows)
+    if narrow is not None:
+        scans = [(chosen, cond if cond is None else cond & narrow) for chosen, cond in scans]
     opened = {f.uri: f for chosen, _ in scans for f in chosen}
     stats.files_opened = len(opened)
     stats.rows_in_opened_files = sum(f.num_records or 0 for f in opened.values())
@@ -178,6 +181,23 @@ def lookup(
     if raw:
         return df, stats
     return consolidate(df, columns, by_time=False), stats
+
+
+def _narrowing(key: Sequence[str], rows: Sequence) -> Column | None:
+    """``c IN (...)`` for each key column after the first with few distinct values: files are
+    sorted by the whole key, so the page index can skip pages within one first-column value
+    (a group's tower buckets, a multi-column join key)."""
+    out = None
+    for j, column in enumerate(key[1:], start=1):
+        values = sorted({r[j] for r in rows if r[j] is not None})
+        if len(values) > PUSHDOWN_KEYS:
+            continue
+        col = F.col(f"`{column}`")
+        cond = col.isin(values) if values else F.lit(False)
+        if any(r[j] is None for r in rows):
+            cond = cond | col.isNull()
+        out = cond if out is None else out & cond
+    return out
 
 
 def _may_hold(f, column: str, sorted_keys: Sequence) -> bool:

@@ -178,6 +178,11 @@ class SourceTable:
     def column_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.arrow_schema())
 
+    def append_only(self) -> bool:
+        """Whether the table declares ``delta.appendOnly`` (no row is ever deleted)."""
+        conf = self.table().metadata().configuration
+        return str(conf.get("delta.appendOnly", "false")).lower() == "true"
+
     def _check_readable(self, dt: DeltaTable) -> None:
         mode = dt.metadata().configuration.get("delta.columnMapping.mode", "none")
         if mode not in (None, "none"):
