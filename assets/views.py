@@ -197,6 +197,51 @@ def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinit
     return view
 
 
+CHECK_NAME = "matches_from_scratch"
+
+
+def _verify_check(project: Project, name: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=view_key(name),
+        name=CHECK_NAME,
+        description=(
+            "Recomputes the view from scratch with Spark SQL at its epoch and compares it with "
+            "the view's diff log and table (exact multisets); also: no negative multiplicity. "
+            "Repair with `ivm verify --repair`."
+        ),
+    )
+    def check(
+        context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
+    ) -> dg.AssetCheckResult:
+        from resources.spark import check_java
+
+        check_java()
+        engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        result = engine.verify(name)
+        return dg.AssetCheckResult(
+            passed=result.ok,
+            description=result.describe(),
+            metadata={
+                "epoch": result.epoch,
+                "rows_expected": result.expected_rows,
+                "rows_actual": result.actual_rows,
+                "rows_missing": result.missing,
+                "rows_extra": result.extra,
+                "negative_multiplicities": result.negative,
+                "examples": "; ".join(result.examples) or "-",
+                "seconds": round(result.seconds, 3),
+            },
+        )
+
+    return check
+
+
+def build_asset_checks(project: Project) -> list[dg.AssetChecksDefinition]:
+    """One from-scratch check per view (the ``verify`` command as an asset check)."""
+    engine = Engine(project)
+    return [_verify_check(project, name) for name in engine.plan.order]
+
+
 def build_assets(project: Project) -> list[Any]:
     """Every asset of a project: sources, the epoch, and views in refresh order.
 

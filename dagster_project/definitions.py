@@ -2,7 +2,7 @@
 
 Loads the project named by ``$IVM_PROJECT`` (an ``ivm.toml`` or its directory; default: the
 demo project the README's demo command creates) and returns its Definitions: assets, the
-refresh job, the source sensor, the schedule, and the Spark resource built from the same
+refresh and verify jobs, one from-scratch check per view, the source sensor, the schedule, and the Spark resource built from the same
 settings ``ivm refresh`` uses, so both run identical engine code.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from assets.views import build_assets
-from dagster_project.jobs import refresh_job
+from assets.views import build_asset_checks, build_assets
+from dagster_project.jobs import refresh_job, verify_job
 from dagster_project.schedules import refresh_schedule
 from dagster_project.sensors import source_sensor
 from ivm.config import CONFIG_ENV, load_project
@@ -31,7 +31,8 @@ def build_definitions(project_path: str | os.PathLike[str]) -> dg.Definitions:
     job = refresh_job()
     return dg.Definitions(
         assets=build_assets(project),
-        jobs=[job],
+        asset_checks=build_asset_checks(project),
+        jobs=[job, verify_job()],
         sensors=[source_sensor(project, job)],
         schedules=[refresh_schedule(job)],
         resources={"pyspark": LazyPySparkResource(spark_config=spark_conf(project.spark_conf))},

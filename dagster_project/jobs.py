@@ -1,4 +1,4 @@
-"""Jobs. The refresh job runs in one process so all its steps share one Spark session."""
+"""Jobs: refresh and verify. Each runs in one process so its steps share one Spark session."""
 
 from __future__ import annotations
 
@@ -16,4 +16,17 @@ def refresh_job() -> dg.UnresolvedAssetJobDefinition:
         selection=dg.AssetSelection.groups(VIEWS_GROUP),
         executor_def=dg.in_process_executor,
         description="One epoch: mint it from the sources' new versions, refresh every view.",
+    )
+
+
+VERIFY_JOB = "ivm_verify"
+
+
+def verify_job() -> dg.UnresolvedAssetJobDefinition:
+    """Run every view's from-scratch check (``ivm verify`` as a job)."""
+    return dg.define_asset_job(
+        VERIFY_JOB,
+        selection=dg.AssetSelection.all_asset_checks(),
+        executor_def=dg.in_process_executor,
+        description="Recompute every view from scratch at its epoch and compare (asset checks).",
     )

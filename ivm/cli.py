@@ -1,4 +1,4 @@
-"""The ``ivm`` command: refresh, show, explain and status for a project directory.
+"""The ``ivm`` command: refresh, show, explain, status, arrangements, verify for a project.
 
 Owns argument parsing, output formats and exit codes: 0 on success, 1 when a refresh ran but
 some view failed, 2 on bad input (one line on stderr naming the file, the object and, for
@@ -119,7 +119,35 @@ def _parser() -> argparse.ArgumentParser:
         "arrangements", help="shared arrangements: key, columns, size, and the views using each"
     )
     ar.add_argument("--json", action="store_true")
+    v = sub.add_parser(
+        "verify",
+        help="recompute views from scratch (Spark SQL) at their epoch and report differences",
+    )
+    v.add_argument("views", nargs="*", help="only these views (default: all)")
+    v.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild a view that differs at a new epoch (its correcting updates go to its "
+        "diff log, so downstream views receive them), then verify again",
+    )
+    v.add_argument("--json", action="store_true")
     return p
+
+
+def _verify(engine: Any, args: argparse.Namespace) -> int:
+    names = args.views or list(engine.plan.order)
+    results = []
+    for name in names:
+        r = engine.verify(name)
+        if not r.ok and args.repair:
+            r = engine.repair(name)
+        results.append(r)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], default=_json_default, indent=1))
+    else:
+        for r in results:
+            print(r.describe() + (" (after repair)" if r.repaired else ""))
+    return 0 if all(r.ok for r in results) else 1
 
 
 def _refresh(engine: Any, args: argparse.Namespace) -> int:
@@ -204,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ivm.engine import Engine
 
     try:
-        show_progress = args.command == "refresh" and not args.quiet or args.verbose
+        show_progress = args.command in ("refresh",) and not args.quiet or args.verbose
         progress = (lambda m: print(m, file=sys.stderr, flush=True)) if show_progress else None
         engine = Engine(args.project, progress=progress)
         if args.command == "refresh":
@@ -220,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "arrangements":
             return _arrangements(engine, args)
+        if args.command == "verify":
+            return _verify(engine, args)
         return _status(engine, args)
     except IvmError as e:
         print(f"ivm: error: {e}", file=sys.stderr)

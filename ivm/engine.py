@@ -108,6 +108,38 @@ class RefreshReport:
         return all(v.status not in ("failed", "skipped") for v in self.views)
 
 
+@dataclass
+class VerifyResult:
+    """A view compared with Spark's from-scratch evaluation of its SQL at the view's epoch."""
+
+    view: str
+    epoch: int
+    expected_rows: int = 0
+    actual_rows: int = 0
+    missing: int = 0  # rows from scratch has and the view lacks (with multiplicity)
+    extra: int = 0  # rows the view has and from scratch lacks
+    negative: int = 0  # rows whose summed diff in the view's log is negative
+    examples: list[str] = field(default_factory=list)
+    repaired: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.negative)
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.view}: OK at epoch {self.epoch} ({self.actual_rows} rows)"
+        parts = [f"{self.missing} rows missing", f"{self.extra} extra"]
+        if self.negative:
+            parts.append(f"{self.negative} negative multiplicities in its log")
+        ex = f" (e.g. {'; '.join(self.examples)})" if self.examples else ""
+        return f"{self.view}: DIFFERENT at epoch {self.epoch}: {', '.join(parts)}{ex}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"ok": self.ok}
+
+
 @dataclass(frozen=True)
 class ViewStatus:
     view: str
@@ -140,6 +172,9 @@ class Engine:
         self._spark = spark
         self.progress: Progress = progress or (lambda msg: log.info(msg))
         self.measure_lookups = measure_lookups
+        self._repairing: set[str] = set()
+        """Views being repaired: their diff log, not their table, is the stored truth, and
+        the table is rewritten from the log."""
 
     # -- planning (no Spark) ------------------------------------------------------------------
 
@@ -419,7 +454,7 @@ class Engine:
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
         # A log that started anew after the table's epoch (new columns) rewrites the table.
-        table_stale = 0 < table_done < log_start
+        table_stale = 0 < table_done < log_start or (name in self._repairing and table_done > 0)
         net, files = self._net_change(plan, -1 if table_stale else table_done, target)
         result.log_files_read = files
         change = apply_to_table(
@@ -478,7 +513,9 @@ class Engine:
             log_uri,
             stored_schema,
             log_done,
-            table_epoch if table_epoch >= self._log_start(log_uri) else -1,
+            table_epoch
+            if table_epoch >= self._log_start(log_uri) and plan.name not in self._repairing
+            else -1,
         )
         retract = stored.withColumn(DIFF, -F.col(DIFF)).withColumn(
             TIME, F.lit(target).cast("bigint")
@@ -744,6 +781,101 @@ class Engine:
         if dt is None:
             raise InvariantViolation(f"{uri}: expected table is missing")
         return pa.schema(dt.schema().to_arrow())
+
+    # -- verification ---------------------------------------------------------------------------
+
+    def from_scratch(self, name: str, epoch: int):
+        """The view's SQL evaluated by Spark from scratch over its inputs at ``epoch`` (sources
+        at that epoch's versions, upstream views' contents at that epoch): no state, no updates.
+        """
+        from pyspark.sql import functions as F
+
+        from ivm.sql.parse import parse_view
+        from ops import DIFF, TIME
+
+        plan = self.view(name)
+        for coll in plan.inputs:
+            df = self._collection_updates(coll, 0, epoch)
+            rows = df.where(F.col(DIFF) > 0).withColumn(
+                "_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int")))
+            )
+            rows.drop(TIME, DIFF, "_copy").createOrReplaceTempView(coll)
+        query = parse_view(plan.sql, plan.file).query.sql(dialect="spark")
+        return self.spark.sql(query)
+
+    def verify(self, name: str, *, examples: int = 3) -> VerifyResult:
+        """Compare a view with :meth:`from_scratch` at its epoch: its diff log (what
+        downstream views consume) summed up to that epoch, and its readable table; also
+        count negative multiplicities in the log. Doubles are compared to 9 decimals.
+        A table behind its log (a refresh stopped between the two commits) is reported."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        from ops import DIFF
+        from ops.ingest import read_files, view_changes
+        from resources.lake import table_files
+
+        started = time.perf_counter()
+        plan = self.view(name)
+        table_uri, log_uri = self.layout.view_table(name), self.layout.view_log(name)
+        epoch = self.table_epoch(log_uri)
+        table_epoch = self.table_epoch(table_uri)
+        result = VerifyResult(name, epoch)
+        if epoch == 0:
+            raise IvmError(f"view {name!r} has not been materialized yet: nothing to verify")
+
+        def rounded(df):
+            cols = []
+            for f, c in zip(df.schema.fields, plan.columns, strict=True):
+                col = F.col(f"`{f.name}`")
+                if isinstance(f.dataType, (T.DoubleType, T.FloatType)):
+                    col = F.round(col, 9)
+                cols.append(col.alias(c))
+            return df.select(*cols)
+
+        log, _ = view_changes(self.spark, log_uri, self.table_schema(log_uri), -1, epoch)
+        summed = log.groupBy(*[F.col(f"`{c}`") for c in plan.columns]).agg(
+            F.sum(DIFF).alias(DIFF)
+        )
+        result.negative = summed.where(F.col(DIFF) < 0).count()
+        log_rows = summed.where(F.col(DIFF) > 0).withColumn(
+            "_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int")))
+        ).select(*[F.col(f"`{c}`") for c in plan.columns])
+        expected = rounded(self.from_scratch(name, epoch))
+        actual = rounded(log_rows)
+        if table_epoch == epoch:  # the table must hold exactly the log's rows
+            table = rounded(
+                read_files(self.spark, table_files(table_uri), self.table_schema(table_uri))
+            )
+            actual = actual.unionByName(table.exceptAll(actual)).exceptAll(
+                actual.exceptAll(table)
+            )
+        else:
+            result.examples.append(f"table at epoch {table_epoch} is behind its log: refresh")
+            result.extra += 1
+        missing = expected.exceptAll(actual)
+        extra = actual.exceptAll(expected)
+        result.expected_rows, result.actual_rows = expected.count(), actual.count()
+        result.missing, result.extra = missing.count(), result.extra + extra.count()
+        for label, df in (("missing", missing), ("extra", extra)):
+            for row in df.limit(examples).collect():
+                result.examples.append(f"{label} {tuple(row)}")
+        result.seconds = time.perf_counter() - started
+        self.progress(result.describe())
+        return result
+
+    def repair(self, name: str) -> VerifyResult:
+        """Rebuild a view (its state and contents) at a new epoch, writing the correcting
+        updates to its diff log so downstream views receive them, then verify again. Its
+        table is rewritten from the log (the log is what downstream views consumed)."""
+        self._repairing = {name}
+        try:  # every view moves to the new epoch: upstream ones so this one can reach it
+            self.refresh(rebuild=[name])
+        finally:
+            self._repairing = set()
+        result = self.verify(name)
+        result.repaired = True
+        return result
 
     # -- reporting ----------------------------------------------------------------------------
 

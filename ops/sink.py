@@ -212,7 +212,8 @@ def apply_to_table(
             example = bad[0].asDict() if bad else {}
             raise InvariantViolation(
                 f"view {label!r} epoch {epoch}: deleting a row the table does not hold "
-                f"(multiplicity would be {example.pop(DIFF, '?')}): {example}"
+                f"(multiplicity would be {example.pop(DIFF, '?')}): {example}; its state or "
+                f"table was changed behind the engine: run `ivm verify --repair {label}`"
             )
         rows_out = (
             source.where(F.col(DIFF) > 0)

@@ -20,7 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from assets.views import EPOCH_KEY, source_key, view_key
 from dagster_project.definitions import build_definitions
-from dagster_project.jobs import REFRESH_JOB
+from dagster_project.jobs import REFRESH_JOB, VERIFY_JOB
 from ivm.engine import Engine
 from ivm.errors import ConfigError
 from ivm.oracle import compare_views
@@ -180,6 +180,12 @@ def test_refresh_job_materializes_views(project: Path, spark) -> None:
     assert any(k.startswith("arrangement ") for k in joined)
     record = instance.get_latest_materialization_event(view_key("vip_open_orders"))
     assert record.asset_materialization.metadata["epoch"].value == 2
+    # The verify job runs every view's from-scratch check; all pass.
+    checked = defs.resolve_job_def(VERIFY_JOB).execute_in_process(instance=instance)
+    assert checked.success
+    evaluations = checked.get_asset_check_evaluations()
+    assert {e.asset_key for e in evaluations} == {view_key(v) for v in Engine(project).plan.order}
+    assert all(e.passed for e in evaluations), [e.description for e in evaluations]
 
 
 def _free_port() -> int:

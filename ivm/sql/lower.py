@@ -5,9 +5,11 @@ planner supports, and the errors for everything else: each names the construct a
 ``line:col``. The result is demand-pruned: every ``Get`` reads only the columns used.
 
 Contract in ``(data, time, diff)`` terms: the returned plan, applied to the updates of its
-inputs, yields the updates of the view; this holds because every construct admitted here
-is linear and deterministic (see :mod:`ivm.plan.ir`). Constructs that are not (aggregates,
-joins, DISTINCT, LIMIT, window functions, non-deterministic functions) are rejected by name.
+inputs, yields the updates of the view: stateless nodes map updates one by one (they are
+linear and deterministic, see :mod:`ivm.plan.ir`), joins by delta paths, and the stateful
+nodes (GROUP BY, DISTINCT, set operations, TopK; lowered in :mod:`ivm.sql.lower_reduce`)
+from state of their own. Non-deterministic functions and unsupported constructs are rejected
+by name.
 """
 
 from __future__ import annotations
