@@ -224,3 +224,57 @@ def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
     assert not (engine.layout.root and any(
         p.name.endswith(".l0") for p in (tmp_path / "project" / "lake" / "state" / "hi_lo").iterdir()
     ))
+
+
+def test_groups_empty_and_refill(spark, make_project, tmp_path):
+    """Every branch kind over a group that loses all its rows, then gets new ones; and a
+    group whose values are all NULL."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    schema = pa.schema([("g", pa.string()), ("v", pa.int64()), ("s", pa.string())])
+    rows = [("z", 1, "a"), ("z", 5, "b"), ("z", 5, "b"), ("y", 2, "c"), ("n", None, None)]
+    write_deltalake(
+        path,
+        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r)) for r in rows], schema=schema),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    root = make_project(
+        {
+            "every_kind": """
+                -- ivm: expected_group_size = 20
+                CREATE VIEW every_kind AS
+                SELECT g, count(*) AS n, count(v) AS nv, sum(v) AS sv, avg(v) AS av,
+                       min(v) AS lo, max(s) AS hi, count(DISTINCT v) AS dv,
+                       string_agg(s, '/') WITHIN GROUP (ORDER BY s) AS ss
+                FROM t GROUP BY g
+            """,
+            "top_per_g": """
+                CREATE VIEW top_per_g AS SELECT g, v, s FROM t
+                QUALIFY ROW_NUMBER() OVER (PARTITION BY g ORDER BY v DESC, s) <= 2
+            """,
+            "overall": "CREATE VIEW overall AS SELECT count(*) AS n, min(v) AS lo, "
+            "count(DISTINCT g) AS groups FROM t",
+        },
+        {"t": path},
+    )
+    engine = Engine(root, spark=spark)
+    assert engine.refresh().ok
+    check_all(engine)
+    DeltaTable(path).delete("g = 'z'")  # z empties
+    assert engine.refresh().ok
+    check_all(engine)
+    assert "z" not in engine.read_view("every_kind").column("g").to_pylist()
+    DeltaTable(path).delete("true")  # everything empties: the global row stays
+    assert engine.refresh().ok
+    check_all(engine)
+    assert engine.read_view("overall").to_pylist() == [{"n": 0, "lo": None, "groups": 0}]
+    refill = [("z", 7, "q"), ("z", None, None), ("n", None, None)]
+    write_deltalake(
+        path,
+        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r)) for r in refill], schema=schema),
+        mode="append",
+    )
+    assert engine.refresh().ok
+    check_all(engine)

@@ -1,0 +1,1 @@
+"""Benchmarks (``./dev bench``): incremental refresh against full recompute."""

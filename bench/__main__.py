@@ -1,0 +1,269 @@
+"""Benchmarks: incremental refresh against full recompute (Spark and DuckDB), side by side.
+
+``./dev bench`` (or ``python -m bench``) runs, for each TPC-H scale factor:
+
+1. ``tpchgen-cli`` data as Delta sources with CDF, a project with the demo's views (joins,
+   accumulable and hierarchical aggregates, top-k, DISTINCT counts, views over views);
+2. the initial build (every view from the sources' snapshots);
+3. ``--runs`` times: a TPC-H change batch (RF1 new orders with their line items, RF2 deletes of
+   orders with theirs, updates; ``--change`` of the orders per kind), then, in the same warm
+   Spark session, the incremental refresh, Spark recomputing every view's SQL from scratch
+   (result written as Parquet, as a full-refresh pipeline would) and DuckDB recomputing it
+   over the same source versions (read with delta-rs);
+4. rows in the arrangement and state files each refresh opened, and stored bytes.
+
+``--sweep`` varies the change size at one scale factor to find where incremental stops
+winning. Results: ``BENCHMARKS.md`` (medians, ratios) and ``bench/refresh_vs_scale.png``.
+Timings are wall-clock on a shared machine: compare ratios measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORK = HERE / "work"
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+@dataclass
+class Point:
+    """One change batch at one scale: the three ways of bringing the views up to date."""
+
+    scale: float
+    change: float
+    incremental: float
+    spark_full: float
+    duckdb_full: float
+    rows_opened: int = 0
+    rows_total: int = 0
+    batch: str = ""
+
+
+@dataclass
+class ScaleResult:
+    scale: float
+    build: float
+    points: list[Point] = field(default_factory=list)
+    stored: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (bytes, rows)
+    raw_bytes: dict[str, int] = field(default_factory=dict)
+
+    def median(self, attr: str) -> float:
+        return statistics.median(getattr(p, attr) for p in self.points)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*.parquet")) if path.exists() else 0
+
+
+def spark_full_recompute(engine, out: Path) -> float:
+    """Every view's SQL from scratch with Spark at the latest epoch, written as Parquet."""
+    epoch = engine.latest_epoch()
+    started = time.perf_counter()
+    for name in engine.plan.order:
+        engine.from_scratch(name, epoch).write.mode("overwrite").parquet(str(out / name))
+    return time.perf_counter() - started
+
+
+def duckdb_full_recompute(engine) -> float:
+    from ivm.oracle import duckdb_evaluate
+
+    started = time.perf_counter()
+    duckdb_evaluate(engine)
+    return time.perf_counter() - started
+
+
+def _lookup_rows(report) -> tuple[int, int]:
+    opened = total = 0
+    for v in report.views:
+        for st in v.lookups.values():
+            opened += st.rows_in_opened_files
+            total += st.rows_total
+    return opened, total
+
+
+def setup(scale: float, spark_conf: dict[str, str]):
+    from demo.__main__ import write_project
+    from demo.tpch import create_sources, generate_parquet
+
+    work = WORK / f"sf{scale:g}"
+    if work.exists():
+        shutil.rmtree(work)
+    parquet = generate_parquet(scale, WORK / f"tpch-sf{scale:g}")
+    sources = create_sources(parquet, work / "project" / "data")
+    config = write_project(work / "project", sources)
+    return work, sources, config
+
+
+def run_scale(
+    scale: float, runs: int, change: float, spark, *, seed0: int = 1
+) -> ScaleResult:
+    from demo.tpch import apply_change_batch
+    from ivm.engine import Engine
+
+    work, sources, config = setup(scale, {})
+    engine = Engine(config, spark=spark, progress=lambda m: None)
+    started = time.perf_counter()
+    report = engine.refresh()
+    build = time.perf_counter() - started
+    if not report.ok:
+        raise SystemExit(f"build failed: {[v.error for v in report.views if v.error]}")
+    say(f"  SF {scale:g}: initial build {build:.1f}s")
+    result = ScaleResult(scale, build)
+    for run in range(runs):
+        summary = apply_change_batch(sources, change, seed=seed0 + run)
+        started = time.perf_counter()
+        report = engine.refresh()
+        inc = time.perf_counter() - started
+        if not report.ok:
+            raise SystemExit(f"refresh failed: {[v.error for v in report.views if v.error]}")
+        full = spark_full_recompute(engine, work / "full")
+        duck = duckdb_full_recompute(engine)
+        opened, total = _lookup_rows(report)
+        result.points.append(Point(scale, change, inc, full, duck, opened, total, str(summary)))
+        say(
+            f"    run {run + 1}: incremental {inc:.1f}s | Spark full {full:.1f}s | "
+            f"DuckDB full {duck:.1f}s | rows in opened state files {opened:,} of {total:,}"
+        )
+    lake = work / "project" / "lake"
+    for kind in ("arrangements", "state", "views", "logs"):
+        result.stored[kind] = (_dir_bytes(lake / kind), 0)
+    result.raw_bytes["sources"] = _dir_bytes(work / "project" / "data")
+    return result
+
+
+def sweep(scale: float, changes: list[float], spark) -> list[Point]:
+    from demo.tpch import apply_change_batch
+    from ivm.engine import Engine
+
+    work, sources, config = setup(scale, {})
+    engine = Engine(config, spark=spark, progress=lambda m: None)
+    assert engine.refresh().ok
+    points = []
+    for i, change in enumerate(changes):
+        apply_change_batch(sources, change, seed=100 + i)
+        started = time.perf_counter()
+        report = engine.refresh()
+        inc = time.perf_counter() - started
+        assert report.ok, [v.error for v in report.views if v.error]
+        full = spark_full_recompute(engine, work / "full")
+        duck = duckdb_full_recompute(engine)
+        opened, total = _lookup_rows(report)
+        points.append(Point(scale, change, inc, full, duck, opened, total))
+        say(f"  sweep {change:.2%}: incremental {inc:.1f}s | Spark full {full:.1f}s")
+    return points
+
+
+def plot(results: list[ScaleResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scales = [r.scale for r in results]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for attr, label in (
+        ("incremental", "incremental refresh"),
+        ("spark_full", "Spark full recompute"),
+        ("duckdb_full", "DuckDB full recompute"),
+    ):
+        ax.plot(scales, [r.median(attr) for r in results], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("TPC-H scale factor")
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("Refreshing all demo views after a 0.1% change")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_markdown(
+    results: list[ScaleResult], swept: list[Point], args: argparse.Namespace, path: Path
+) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Produced by `./dev bench {' '.join(sys.argv[1:])}`".rstrip() + " on this machine "
+        "(2 cores, shared): wall-clock seconds, medians of "
+        f"{args.runs} change batches per scale factor, all in one warm Spark session. The views "
+        "are the demo's (`demo/views`: three-way joins, accumulable and MIN/MAX aggregates, "
+        "COUNT(DISTINCT), global and per-group top-k, views over views). Each batch is TPC-H "
+        f"RF1 + RF2 + updates of {args.change:.2%} of the orders per kind.",
+        "",
+        "| SF | initial build | incremental | Spark full | DuckDB full | Spark full / incremental "
+        "| rows in opened state files |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        inc, full, duck = r.median("incremental"), r.median("spark_full"), r.median("duckdb_full")
+        opened = statistics.median(p.rows_opened for p in r.points)
+        total = statistics.median(p.rows_total for p in r.points)
+        lines.append(
+            f"| {r.scale:g} | {r.build:.1f} | {inc:.1f} | {full:.1f} | {duck:.1f} | "
+            f"{full / inc:.2f}x | {opened:,.0f} of {total:,.0f} |"
+        )
+    lines += ["", "Stored bytes (Parquet files under the lake) against the sources' bytes:", ""]
+    lines += ["| SF | sources | arrangements | state | views | logs |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
+        lines.append(
+            f"| {r.scale:g} | {mb(r.raw_bytes['sources'])} | {mb(r.stored['arrangements'][0])} | "
+            f"{mb(r.stored['state'][0])} | {mb(r.stored['views'][0])} | {mb(r.stored['logs'][0])} |"
+        )
+    if swept:
+        lines += [
+            "",
+            f"Change-size sweep at SF {swept[0].scale:g} (one batch each):",
+            "",
+            "| change | incremental | Spark full | DuckDB full | Spark full / incremental |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for p in swept:
+            lines.append(
+                f"| {p.change:.2%} | {p.incremental:.1f} | {p.spark_full:.1f} | "
+                f"{p.duckdb_full:.1f} | {p.spark_full / p.incremental:.2f}x |"
+            )
+    lines += ["", "![refresh time against scale factor](bench/refresh_vs_scale.png)", ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--scales", default="0.1,1", help="TPC-H scale factors (0.1,1)")
+    parser.add_argument("--runs", type=int, default=3, help="change batches per scale (3)")
+    parser.add_argument("--change", type=float, default=0.001, help="fraction per kind (0.001)")
+    parser.add_argument("--sweep", default="", help="change fractions to sweep, e.g. 0.0001,0.01,0.1")
+    parser.add_argument("--sweep-scale", type=float, default=0.1)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+
+    from resources.spark import get_spark
+
+    spark = get_spark({"spark.sql.shuffle.partitions": "4"})
+    results = []
+    for scale in [float(s) for s in args.scales.split(",") if s]:
+        say(f"== TPC-H SF {scale:g}")
+        results.append(run_scale(scale, args.runs, args.change, spark))
+    swept = []
+    if args.sweep:
+        say(f"== change-size sweep at SF {args.sweep_scale:g}")
+        swept = sweep(args.sweep_scale, [float(c) for c in args.sweep.split(",")], spark)
+    plot(results, HERE / "refresh_vs_scale.png")
+    write_markdown(results, swept, args, Path(args.out))
+    say(f"wrote {args.out} and {HERE / 'refresh_vs_scale.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
