@@ -572,19 +572,25 @@ class Engine:
 
         from ops.consolidate import consolidate
         from ops.join import render_join_delta
+        from ops.reduce import render_stateful
         from ops.stateless import render
 
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
-        from ops.reduce import render_stateful
-
         stats = stats if stats is not None else {}
+        store = self._state_store(plan, done, target, stats)
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
         delta_join = None
-        if done > 0 and plan.joins:  # joins and semi-joins
-            lookup = partial(self._lookup, stats=stats)
-            delta_join = partial(render_join_delta, lookup=lookup, old=done, new=target)
-        stateful = partial(render_stateful, store=self._state_store(plan, done, target, stats))
+        if plan.joins and (done > 0 or plan.has_state):  # NOT IN keeps state from the build on
+            delta_join = partial(
+                render_join_delta,
+                lookup=partial(self._lookup, stats=stats),
+                old=done,
+                new=target,
+                store=store,
+                snapshot=lambda coll, at: self._collection_updates(coll, 0, at),
+            )
+        stateful = partial(render_stateful, store=store)
         return consolidate(render(plan.root, inputs, delta_join, stateful), plan.columns)
 
     def state_uri(self, view: str, table: str) -> str:

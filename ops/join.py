@@ -27,9 +27,11 @@ from functools import reduce
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
 from ops import DIFF, TIME
+from ops.reduce import StateStore
 from ops.stateless import spark_sql
 
 Lookup = Callable[[LookupStage, DataFrame, int], DataFrame]
@@ -122,8 +124,20 @@ def render_join_delta(
     *,
     old: int,
     new: int,
+    store: StateStore | None = None,
+    snapshot: Callable[[str, int], DataFrame] | None = None,
 ) -> DataFrame:
-    """The join's updates in ``(old, new]`` by one delta path per input (see module doc)."""
+    """The join's updates in ``(old, new]`` by one delta path per input (see module doc).
+
+    ``old`` 0 (a build: ``deltas`` are the inputs' snapshots) joins from scratch. ``store``
+    and ``snapshot`` serve ``NOT IN`` (:func:`render_not_in`).
+    """
+    if isinstance(join, SemiJoin) and join.null_aware:
+        if store is None or snapshot is None:
+            raise InvariantViolation("NOT IN needs its state store and input snapshots")
+        return render_not_in(join, deltas, lookup, store, snapshot)
+    if old == 0:
+        return render_join_snapshot(join, deltas)
     if isinstance(join, SemiJoin):
         anti = _anti_delta(join.input, join.other, list(join.keys), deltas, lookup, old, new)
         if join.anti:
@@ -228,3 +242,78 @@ def _anti_delta(
         .select(*[F.col(f"`{c}`") for c in mine_inp.columns], TIME, DIFF)
     )
     return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
+
+
+def not_in_table(join: SemiJoin):
+    """The state of ``x NOT IN (subquery)``: the subquery's row and NULL-key counts."""
+    from ivm.plan.reduce import state_tables
+
+    return next(t for t in state_tables(join) if t.name == f"{join.label}.not_in")
+
+
+def render_not_in(
+    join: SemiJoin,
+    deltas: Mapping[str, DataFrame],
+    lookup: Lookup,
+    store: StateStore,
+    snapshot: Callable[[str, int], DataFrame],
+) -> DataFrame:
+    """``a.x NOT IN (SELECT b.y ...)`` with SQL's NULL rules, from the inputs' updates.
+
+    With ``n`` the subquery's rows and ``z`` its NULL keys (state, summed per epoch), the
+    result is every row of ``a`` when ``n = 0``, none when ``z > 0``, and otherwise the rows
+    whose ``x`` is not NULL and matches nothing (the anti-join, maintained by match counts).
+    While that mode holds the change is proportional; when it flips (the subquery empties,
+    gains or loses its last NULL) the result is recomputed from the inputs' states.
+    """
+    from ivm.plan.reduce import GLOBAL_KEY
+
+    old, new = store.old, store.new
+    (mine, theirs) = join.keys[0]
+    other = prepare(join.other, deltas[join.other.get.collection])
+    table = not_in_table(join)
+    counts = other.agg(
+        F.coalesce(F.sum(DIFF), F.lit(0)).cast("bigint").alias("_rows"),
+        F.coalesce(F.sum(F.when(F.col(f"`{theirs}`").isNull(), F.col(DIFF))), F.lit(0))
+        .cast("bigint")
+        .alias("_nulls"),
+    ).select(
+        F.lit(0).cast("int").alias(GLOBAL_KEY), "_rows", "_nulls", F.lit(new).cast("bigint").alias(TIME)
+    )
+    store.write(table, counts)
+    probe = store.spark.range(1).select(F.lit(0).cast("int").alias(GLOBAL_KEY))
+    state = store.read(table, [GLOBAL_KEY], probe, new).collect()
+
+    def mode(at: int) -> str | None:
+        if at <= 0:
+            return None
+        rows = sum(r["_rows"] for r in state if r[TIME] <= at)
+        nulls = sum(r["_nulls"] for r in state if r[TIME] <= at)
+        return "all" if rows == 0 else ("none" if nulls > 0 else "anti")
+
+    def stamped(df: DataFrame, sign: int = 1) -> DataFrame:
+        cols = [F.col(f"`{c}`") for c in join.input.columns]
+        return df.select(*cols, F.lit(new).cast("bigint").alias(TIME), (F.col(DIFF) * sign).alias(DIFF))
+
+    def full(at: int, how: str | None) -> DataFrame:
+        if how is None or how == "none":  # before the view existed, or a NULL in the subquery
+            return prepare(join.input, deltas[join.input.get.collection]).limit(0)
+        rows = prepare(join.input, snapshot(join.input.get.collection, at))
+        if how == "all":
+            return rows
+        keys = prepare(join.other, snapshot(join.other.get.collection, at)).select(
+            F.col(f"`{theirs}`")
+        ).dropna().distinct()
+        return rows.where(F.col(f"`{mine}`").isNotNull()).join(
+            keys, _condition(rows, keys, [(mine, theirs)]), "left_anti"
+        )
+
+    before, after = mode(old), mode(new)
+    if before == after == "anti":
+        delta = _anti_delta(join.input, join.other, list(join.keys), deltas, lookup, old, new)
+        return stamped(delta.where(F.col(f"`{mine}`").isNotNull()))
+    if before == after == "all":
+        return stamped(prepare(join.input, deltas[join.input.get.collection]))
+    if before == after == "none":
+        return stamped(prepare(join.input, deltas[join.input.get.collection]).limit(0))
+    return stamped(full(new, after)).unionByName(stamped(full(old, before), -1))

@@ -95,6 +95,15 @@ def _with_global_key(df: DataFrame) -> DataFrame:
     return df.withColumn(GLOBAL_KEY, F.lit(0).cast("int"))
 
 
+@dataclass(frozen=True)
+class _Groups:
+    """The groups a change touched: key columns (``_g`` for a global reduce), their values."""
+
+    keys: list[str]
+    touched: DataFrame
+    global_row: bool
+
+
 # -- accumulable -------------------------------------------------------------------------------
 
 
@@ -227,15 +236,11 @@ def _accumulate(
 
 
 def _accumulated_values(
-    store: StateStore,
-    table: StateTable,
-    acc: _Accumulator,
-    keys: Sequence[str],
-    touched: DataFrame,
-    global_row: bool,
+    store: StateStore, table: StateTable, acc: _Accumulator, groups: _Groups
 ) -> tuple[DataFrame, DataFrame]:
-    """The branch's results for ``touched`` groups at old and at new (existing groups only;
+    """The branch's results for the touched groups at old and at new (existing groups only;
     a global reduce always has its one row, once the view exists)."""
+    keys, touched, global_row = groups.keys, groups.touched, groups.global_row
     rows = store.read(table, keys, touched, store.new)
     sums = rows.groupBy(*[_c(k) for k in keys]).agg(
         *[F.sum(_c(n)).alias(n) for n in acc.state_columns],
@@ -387,8 +392,9 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         touched = store.spark.range(1).select(F.lit(0).cast("int").alias(GLOBAL_KEY))
     touched = materialize(touched)
     results: list[tuple[DataFrame, DataFrame]] = []
+    groups = _Groups(keys, touched, global_row)
     for branch in branches(node):
-        results.append(_branch_values(node, branch, delta, keys, touched, store, global_row))
+        results.append(_branch_values(node, branch, delta, groups, store))
     old, new = results[0]
     for o, n in results[1:]:  # collation: the branches' columns side by side, per group
         old = _join_on(old, o, keys, "inner")
@@ -416,15 +422,11 @@ def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -
 
 
 def _branch_values(
-    node: Reduce,
-    branch: Branch,
-    delta: DataFrame,
-    keys: list[str],
-    touched: DataFrame,
-    store: StateStore,
-    global_row: bool,
+    node: Reduce, branch: Branch, delta: DataFrame, groups: _Groups, store: StateStore
 ) -> tuple[DataFrame, DataFrame]:
-    """One branch: write its state change, return its results at old and new for ``touched``."""
+    """One branch: write its state change, return its results at old and new for the
+    touched groups."""
+    keys = groups.keys
     schema = delta.schema
     if branch.distinct:
         delta = _distinct_change(branch, delta, keys, store)
@@ -432,10 +434,10 @@ def _branch_values(
         acc = _accumulator(branch.aggregates, schema)
         table = branch.tables[-1]
         _accumulate(store, table, acc, delta, keys)
-        return _accumulated_values(store, table, acc, keys, touched, global_row)
+        return _accumulated_values(store, table, acc, groups)
     if branch.kind == "basic":
-        return _basic_values(branch, delta, keys, touched, store, global_row)
-    return _minmax_values(node, branch, delta, keys, touched, store, global_row)
+        return _basic_values(branch, delta, groups, store)
+    return _minmax_values(node, branch, delta, groups, store)
 
 
 def _distinct_change(
@@ -481,16 +483,11 @@ def _check_append_only(label: str, delta: DataFrame) -> None:
 
 
 def _minmax_values(
-    node: Reduce,
-    branch: Branch,
-    delta: DataFrame,
-    keys: list[str],
-    touched: DataFrame,
-    store: StateStore,
-    global_row: bool,
+    node: Reduce, branch: Branch, delta: DataFrame, groups: _Groups, store: StateStore
 ) -> tuple[DataFrame, DataFrame]:
     """MIN/MAX of one column: a tower (or, for a monotonic input, the old result combined
     with the insertions); the results are the top level's rows."""
+    keys, touched, global_row = groups.keys, groups.touched, groups.global_row
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
     arg = branch.value or ""
     values = [f"_{f}" for f in funcs]
@@ -541,14 +538,10 @@ def _minmax_values(
 
 
 def _basic_values(
-    branch: Branch,
-    delta: DataFrame,
-    keys: list[str],
-    touched: DataFrame,
-    store: StateStore,
-    global_row: bool,
+    branch: Branch, delta: DataFrame, groups: _Groups, store: StateStore
 ) -> tuple[DataFrame, DataFrame]:
     """Recompute the touched groups from the branch's input arrangement (or distinct set)."""
+    keys, touched, global_row = groups.keys, groups.touched, groups.global_row
     args = list(dict.fromkeys(c for a in branch.aggregates for c in sorted(a.reads)))
     table = branch.tables[0]
     cols = [*keys, *[a for a in args if a not in keys]]

@@ -65,6 +65,20 @@ VIEWS = {
         CREATE VIEW orders_of_auto AS
         SELECT o_id, o_total FROM orders WHERE o_cust IN (SELECT c_id FROM customers WHERE c_seg = 'AUTO')
     """,
+    "orders_not_of_auto": """
+        CREATE VIEW orders_not_of_auto AS
+        SELECT o_id, o_cust FROM orders
+        WHERE o_cust NOT IN (SELECT c_id FROM customers WHERE c_seg = 'AUTO')
+    """,
+    "customers_without_open_orders": """
+        CREATE VIEW customers_without_open_orders AS
+        SELECT c_id, c_seg FROM customers
+        WHERE c_id NOT IN (SELECT o_cust FROM orders WHERE o_status = 'O' AND o_total > 900)
+    """,
+    "lines_not_in_nothing": """
+        CREATE VIEW lines_not_in_nothing AS
+        SELECT l_order, l_no FROM lines WHERE l_order NOT IN (SELECT o_id FROM orders WHERE o_total < 0)
+    """,
     "open_by_seg": """
         CREATE VIEW open_by_seg AS
         SELECT ol.o_id, ol.amount, c.c_seg
@@ -112,5 +126,57 @@ def test_views_share_arrangements(make_project, tmp_path):
         "orders_left_customers",
         "customers_right_orders",
         "orders_of_auto",
+        "orders_not_of_auto",
+        "customers_without_open_orders",
     }
     assert {k.name for k in arrangements} >= {"orders__by__o_id", "lines__by__l_order"}
+
+
+def test_not_in_follows_null_rules_through_every_mode(spark, make_project, tmp_path):
+    """The subquery goes empty -> values -> a NULL -> values -> empty; the outer side has
+    NULL keys. Each step equals DuckDB (which applies SQL's NOT IN rules)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from tests.test_oracle import check_all
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    conf = {"delta.enableChangeDataFeed": "true"}
+    sa = pa.schema([("id", pa.int64()), ("k", pa.int64())])
+    sb = pa.schema([("x", pa.int64()), ("keep", pa.bool_())])
+    write_deltalake(
+        a, pa.Table.from_pylist([{"id": i, "k": k} for i, k in enumerate([1, 2, 3, None, 2])],
+                                schema=sa), configuration=conf
+    )
+    write_deltalake(b, pa.Table.from_pylist([], schema=sb), configuration=conf)
+    root = make_project(
+        {"not_in": "CREATE VIEW not_in AS SELECT id, k FROM a "
+                   "WHERE k NOT IN (SELECT x FROM b WHERE keep)"},
+        {"a": a, "b": b},
+    )
+    engine = Engine(root, spark=spark)
+    assert engine.refresh().ok
+    check_all(engine)
+    assert len(engine.read_view("not_in")) == 5  # empty subquery: every row, NULL k too
+
+    def add_b(rows):
+        write_deltalake(b, pa.Table.from_pylist(
+            [{"x": x, "keep": True} for x in rows], schema=sb), mode="append")
+
+    steps = [
+        lambda: add_b([2]),  # values: anti-join
+        lambda: write_deltalake(a, pa.Table.from_pylist([{"id": 9, "k": 4}], schema=sa),
+                                mode="append"),  # change in anti mode
+        lambda: add_b([None]),  # a NULL: no rows
+        lambda: DeltaTable(a).delete("id = 0"),  # change in none mode
+        lambda: DeltaTable(b).delete("x IS NULL"),  # back to anti
+        lambda: DeltaTable(b).delete("true"),  # empty again: every row
+    ]
+    sizes = []
+    for step in steps:
+        step()
+        report = engine.refresh()
+        assert report.ok, [v.error for v in report.views]
+        check_all(engine)
+        sizes.append(len(engine.read_view("not_in")))
+    assert sizes == [2, 3, 0, 0, 2, 5]

@@ -237,7 +237,7 @@ def test_groups_empty_and_refill(spark, make_project, tmp_path):
     rows = [("z", 1, "a"), ("z", 5, "b"), ("z", 5, "b"), ("y", 2, "c"), ("n", None, None)]
     write_deltalake(
         path,
-        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r)) for r in rows], schema=schema),
+        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r, strict=True)) for r in rows], schema=schema),
         configuration={"delta.enableChangeDataFeed": "true"},
     )
     root = make_project(
@@ -273,7 +273,7 @@ def test_groups_empty_and_refill(spark, make_project, tmp_path):
     refill = [("z", 7, "q"), ("z", None, None), ("n", None, None)]
     write_deltalake(
         path,
-        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r)) for r in refill], schema=schema),
+        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r, strict=True)) for r in refill], schema=schema),
         mode="append",
     )
     assert engine.refresh().ok

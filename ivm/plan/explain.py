@@ -105,14 +105,25 @@ def _semi_lines(node: SemiJoin, depth: int) -> list[str]:
     mine, other = node.input.alias, node.other.alias
     keys = ", ".join(f"{mine}.{a} = {_pretty(b)}" for a, b in node.keys)
     (forward, backward) = plan_paths(node.as_join)
+    kind = "AntiJoin (NOT EXISTS)" if node.anti else "SemiJoin (EXISTS/IN)"
+    if node.null_aware:
+        kind = f"NullAwareAntiJoin {node.label} (NOT IN)"
+    extra = []
+    if node.null_aware:
+        extra.append(
+            pad + f"  NULL rules: state {node.label}.not_in counts the subquery's rows and NULL "
+            "keys; no rows while it holds a NULL, every row while it is empty (recomputed "
+            "when that mode flips)"
+        )
     return [
-        pad + f"{'AntiJoin (NOT EXISTS)' if node.anti else 'SemiJoin (EXISTS/IN)'} on {keys}",
+        pad + f"{kind} on {keys}",
         pad + f"  input {mine}: {_input_text(node.input)}",
         pad + f"  subquery {other}: {_input_text(node.other)}",
         pad
         + f"  maintained by match counts: Δ{mine} checked against {forward.stages[0].arrangement} "
         f"at new; {mine} rows at old (via {backward.stages[0].arrangement}) for keys whose "
         f"{other} match count crossed zero",
+        *extra,
     ]
 
 
@@ -227,7 +238,7 @@ def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
             f"{'s' if len(arrangements) != 1 else ''}; no intermediate state)"
         )
     if tables:
-        parts.append(f"reductions ({len(tables)} state table{'s' if len(tables) != 1 else ''})")
+        parts.append(f"state of its own ({len(tables)} table{'s' if len(tables) != 1 else ''})")
     maintenance = "incremental, " + (
         " + ".join(parts)
         if parts

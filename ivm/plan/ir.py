@@ -255,6 +255,11 @@ class SemiJoin:
     other: JoinInput
     keys: tuple[tuple[str, str], ...]
     anti: bool
+    null_aware: bool = False
+    """``x NOT IN (subquery)``: no row at all if the subquery yields a NULL, every row (NULL
+    ``x`` included) if it yields nothing, else the rows whose non-NULL ``x`` has no match.
+    Maintained with the subquery's row and NULL counts as state (table ``<label>.not_in``)."""
+    label: str = ""
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -514,7 +519,7 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
         return _demand_join(node, want)
     if isinstance(node, SemiJoin):
         as_join = _demand_join(Join((node.input, node.other), node.as_join.equivalences), want)
-        return SemiJoin(as_join.inputs[0], as_join.inputs[1], node.keys, node.anti)
+        return replace(node, input=as_join.inputs[0], other=as_join.inputs[1])
     if isinstance(node, Reduce):
         aggregates = tuple(a for a in node.aggregates if a.name in want)
         if not node.keys and not aggregates:

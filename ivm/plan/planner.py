@@ -18,7 +18,7 @@ from graphlib import CycleError, TopologicalSorter
 from ivm.errors import ConfigError, SqlError
 from ivm.plan.ir import Get, Join, Node, SemiJoin, collections, walk
 from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
-from ivm.plan.reduce import mark_monotonic
+from ivm.plan.reduce import mark_monotonic, state_tables
 from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
 from ivm.sql.parse import ParsedView
 
@@ -58,6 +58,11 @@ class ViewPlan:
             elif isinstance(n, SemiJoin):
                 out.append(n.as_join)
         return out
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the view keeps state tables of its own (reductions, NOT IN)."""
+        return bool(state_tables(self.root))
 
     def paths(self, join: Join) -> tuple[DeltaPath, ...]:
         return plan_paths(join, self.name)

@@ -232,6 +232,9 @@ def state_tables(root: Node) -> list[StateTable]:
     """Every state table of a view's plan, each once."""
     seen: dict[str, StateTable] = {}
     for node in walk(root):
+        if isinstance(node, SemiJoin) and node.null_aware:
+            t = StateTable(f"{node.label}.not_in", (GLOBAL_KEY,), "the subquery's rows and NULL keys")
+            seen.setdefault(t.name, t)
         for b in branches(node):
             for t in b.tables:
                 seen.setdefault(t.name, t)

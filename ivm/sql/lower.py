@@ -504,18 +504,20 @@ class _Lowerer(ReduceLowering):
         (the keys) and conditions on its own columns (its filter).
         """
         kind, query, probe = _subquery_predicate(predicate)
-        if kind == "NOT IN":
-            raise self.unsupported(
-                "NOT IN (subquery) (its NULL rules make one NULL in the subquery empty the "
-                "result; write NOT EXISTS if the column has no NULLs)",
-                predicate,
-            )
         select = query
         while isinstance(select, exp.Subquery):
             select = select.this
         if not isinstance(select, exp.Select):
             raise self.unsupported(f"{kind} over a set operation", predicate)
-        for key, construct in _UNSUPPORTED_CLAUSES.items():
+        inner_clauses = {
+            **_UNSUPPORTED_CLAUSES,
+            "group": "GROUP BY",
+            "having": "HAVING",
+            "limit": "LIMIT",
+            "offset": "OFFSET",
+            "qualify": "QUALIFY",
+        }  # DISTINCT is harmless: only whether a key occurs matters
+        for key, construct in inner_clauses.items():
             value = _arg(select, key)
             if value:
                 raise self.unsupported(f"{construct} inside {kind}", predicate)
@@ -611,6 +613,14 @@ class _Lowerer(ReduceLowering):
             tuple((b, sub_b[b]) for b in dict.fromkeys(b for _, b in keys)),
         )
         plain_keys = tuple((a.split("__", 1)[1], b) for a, b in keys)
+        if kind == "NOT IN":
+            if len(plain_keys) != 1:
+                raise self.unsupported(
+                    "NOT IN over a correlated subquery (its NULL rules then depend on each "
+                    "outer row; write NOT EXISTS)",
+                    predicate,
+                )
+            return SemiJoin(mine, theirs, plain_keys, True, null_aware=True, label=self.label())
         return SemiJoin(mine, theirs, plain_keys, anti=kind == "NOT EXISTS")
 
     def decompose(

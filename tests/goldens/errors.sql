@@ -45,8 +45,8 @@ CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o
 -- case: unknown hint
 -- ivm: group_size = 10
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
--- case: not in subquery
-CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE o_custkey NOT IN (SELECT c_custkey FROM customer)
+-- case: correlated not in
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_name = o.o_orderkey)
 -- case: uncorrelated exists
 CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_name = 'x')
 -- case: subquery in select list

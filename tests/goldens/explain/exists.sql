@@ -7,3 +7,6 @@ CREATE VIEW orders_without_lines AS
 SELECT o_orderkey FROM orders WHERE NOT EXISTS (SELECT * FROM lineitem WHERE l_orderkey = o_orderkey);
 CREATE VIEW building_orders AS
 SELECT o_orderkey FROM orders WHERE o_custkey IN (SELECT c_custkey FROM customer WHERE c_mktsegment = 'BUILDING')
+;
+CREATE VIEW orders_of_unknown_customers AS
+SELECT o_orderkey FROM orders WHERE o_custkey NOT IN (SELECT c_custkey FROM customer WHERE c_mktsegment = 'AUTOMOBILE')
