@@ -248,3 +248,22 @@ def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_instance_settings_serialize_lake_writes(project: Path) -> None:
+    """The shipped dagster.yaml gives the lake's pool one slot, and every asset that writes
+    the lake is in that pool: two runs never write a view at once."""
+    from assets.views import POOL
+
+    home = Path(__file__).resolve().parent.parent / "dagster_home"
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        assert instance.event_log_storage.get_concurrency_info(POOL).limit == 1
+    finally:
+        instance.dispose()
+    defs = build_definitions(project)
+    writers = [
+        a for a in defs.assets if isinstance(a, dg.AssetsDefinition)
+        and any(k.path[0] in ("views", "arrangements", "ivm") for k in a.keys)
+    ]
+    assert len(writers) > 3 and all(a.op.pool == POOL for a in writers)
