@@ -21,6 +21,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from ivm.config import Project
 from ivm.engine import Engine, ViewResult
+from resources.faults import crash_point
 from resources.lake import SourceTable
 
 SOURCES_GROUP = "sources"
@@ -189,6 +190,7 @@ def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinit
         check_java()
         run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         result = run_engine.refresh_view(name)
+        crash_point("before_materialization")
         return dg.MaterializeResult(
             metadata=view_metadata(run_engine, name, result),
             data_version=dg.DataVersion(f"epoch-{result.epoch}"),

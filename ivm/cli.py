@@ -131,6 +131,13 @@ def _parser() -> argparse.ArgumentParser:
         "diff log, so downstream views receive them), then verify again",
     )
     v.add_argument("--json", action="store_true")
+    vac = sub.add_parser(
+        "vacuum",
+        help="delete files no recent table version references (uncommitted or replaced files)",
+    )
+    vac.add_argument(
+        "--hours", type=float, default=168.0, help="keep files of versions this recent (168)"
+    )
     return p
 
 
@@ -250,6 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _arrangements(engine, args)
         if args.command == "verify":
             return _verify(engine, args)
+        if args.command == "vacuum":
+            deleted = engine.vacuum(args.hours)
+            for table, n in deleted.items():
+                print(f"{table}: {n} files deleted")
+            print(f"{sum(deleted.values())} files deleted in {len(deleted)} tables")
+            return 0
         return _status(engine, args)
     except IvmError as e:
         print(f"ivm: error: {e}", file=sys.stderr)

@@ -33,7 +33,9 @@ from ivm.errors import InvariantViolation, IvmError, SourceError, ViewNotFoundEr
 from ivm.plan.explain import explain
 from ivm.plan.join import ArrangementKey
 from ivm.plan.planner import ProjectPlan, ViewPlan, plan_views
+from ivm.plan.reduce import state_tables
 from ivm.sql.parse import parse_view_file
+from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
     EpochRecord,
@@ -450,6 +452,7 @@ class Engine:
                 metadata={**meta, LOG_START: str(log_start)},
                 overwrite=overwrite,
             )
+            crash_point("log_committed")
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
@@ -467,6 +470,7 @@ class Engine:
             label=name,
             overwrite=table_stale,
         )
+        crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0
         result.commit_versions["table"] = change.commit.version
         result.inserted, result.deleted = change.inserted, change.deleted
@@ -580,6 +584,7 @@ class Engine:
         stats = stats if stats is not None else {}
         store = self._state_store(plan, done, target, stats)
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
+        crash_point("ingest")
         delta_join = None
         if plan.joins and (done > 0 or plan.has_state):  # NOT IN keeps state from the build on
             delta_join = partial(
@@ -616,6 +621,7 @@ class Engine:
                 metadata={"ivm.state": table.name, "ivm.view": plan.name},
                 overwrite=done == 0 and open_table(uri) is not None,
             )
+            crash_point("state_committed")
             self.progress(
                 f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target} "
                 f"({time.perf_counter() - started:.2f}s)"
@@ -673,6 +679,7 @@ class Engine:
             return None
         info = last_commit_metadata(uri, "ivm.columns")
         rebuild = info is None or json.loads(info["ivm.columns"]) != list(aplan.columns)
+        _ = self.spark  # Column expressions need a live session (the CLI starts it lazily)
         cols = [F.col(f"`{c}`") for c in aplan.columns]
         if rebuild:
             readers = [self.table_epoch(self.layout.view_log(v)) for v in aplan.users]
@@ -701,6 +708,7 @@ class Engine:
             overwrite=rebuild and done > 0,
             rows_hint=self._rows_hint(key.collection) if rebuild else None,
         )
+        crash_point("arrangement_committed")
         self.progress(
             f"arrangement {key}: {'built' if rebuild else 'appended'} {result.rows} updates "
             f"at epoch {target} ({time.perf_counter() - started:.2f}s)"
@@ -882,6 +890,36 @@ class Engine:
         result = self.verify(name)
         result.repaired = True
         return result
+
+    # -- maintenance ---------------------------------------------------------------------------
+
+    def lake_tables(self) -> list[str]:
+        """Every Delta table the engine writes: views, logs, arrangements, state, epochs."""
+        out = [self.layout.epochs]
+        for name in self.plan.order:
+            out += [self.layout.view_log(name), self.layout.view_table(name)]
+            out += [self.state_uri(name, t.name) for t in state_tables(self.plan.views[name].root)]
+        out += [self.arrangement_uri(k) for k in self.plan.arrangements]
+        return [u for u in out if open_table(u) is not None]
+
+    def vacuum(self, retention_hours: float = 168.0) -> dict[str, int]:
+        """Delete files no table version within ``retention_hours`` references: files of
+        commits that never happened (a crash between writing and committing) and files
+        replaced by rebuilds. Readers of older versions need those versions' files, hence
+        the retention (default 7 days). Returns files deleted per table."""
+        out = {}
+        for uri in self.lake_tables():
+            dt = open_table(uri)
+            deleted = dt.vacuum(
+                retention_hours=int(retention_hours),
+                enforce_retention_duration=False,
+                dry_run=False,
+                full=True,  # also files no version ever referenced (never committed)
+            )
+            if deleted:
+                out[self.app_id(uri)] = len(deleted)
+                self.progress(f"vacuum {self.app_id(uri)}: {len(deleted)} files deleted")
+        return out
 
     # -- reporting ----------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from ivm.errors import InvariantViolation
 from ops import DIFF
 from ops.ingest import read_files
+from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
     collect_staged,
@@ -89,6 +90,7 @@ def append_updates(
     for option, value in (parquet_options or {}).items():
         writer = writer.option(option, value)
     writer.parquet(staged_uri)
+    crash_point("staged")
     staged = collect_staged(log_uri, staged_uri)
     result = commit_files(
         log_uri,
