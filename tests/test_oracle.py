@@ -63,16 +63,22 @@ def check_all(engine: Engine) -> None:
         assert log == table_multiset(engine.read_view(c.view)), f"{c.view}: log != table"
 
 
-@pytest.mark.parametrize("seed", [7, 2024])
-def test_random_batches_match_duckdb(spark, make_project, tmp_path, seed):
+def built_random_lake(spark, make_project, tmp_path, views, seed) -> tuple[RandomLake, Engine]:
+    """A RandomLake with ``views`` over it, built at epoch 1 and checked against DuckDB."""
     lake = RandomLake(tmp_path / "data", seed)
     lake.create()
-    root = make_project(VIEWS, {"items": lake.items, "events": lake.events})
+    root = make_project(views, {"items": lake.items, "events": lake.events})
     engine = Engine(root, spark=spark)
     report = engine.refresh()
     assert report.ok, [v.error for v in report.views]
     assert report.minted is not None and report.minted.epoch == 1
     check_all(engine)
+    return lake, engine
+
+
+@pytest.mark.parametrize("seed", [7, 2024])
+def test_random_batches_match_duckdb(spark, make_project, tmp_path, seed):
+    lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
     for round_ in range(4):
         summary = lake.random_batch()
         report = engine.refresh()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from ivm.engine import Engine
-from tests.lakegen import JoinLake, RandomLake
-from tests.test_oracle import check_all
+from tests.lakegen import JoinLake
+from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
 
@@ -97,13 +97,7 @@ VIEWS = {
 
 @pytest.mark.parametrize("seed", [2025])
 def test_reductions_match_duckdb(spark, make_project, tmp_path, seed):
-    lake = RandomLake(tmp_path / "data", seed)
-    lake.create()
-    root = make_project(VIEWS, {"items": lake.items, "events": lake.events})
-    engine = Engine(root, spark=spark)
-    report = engine.refresh()
-    assert report.ok, [v.error for v in report.views]
-    check_all(engine)
+    lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
     for _ in range(3):
         summary = lake.random_batch()
         report = engine.refresh()

@@ -10,8 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from ivm.cli import main
 from ivm.engine import Engine
-from tests.lakegen import RandomLake
-from tests.test_oracle import check_all
+from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
 
@@ -23,11 +22,8 @@ VIEWS = {
 
 
 def test_verify_detects_and_repairs_corruption(spark, make_project, tmp_path, capsys):
-    lake = RandomLake(tmp_path / "data", 3)
-    lake.create()
-    root = make_project(VIEWS, {"items": lake.items, "events": lake.events})
-    engine = Engine(root, spark=spark)
-    assert engine.refresh().ok
+    lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, 3)
+    root = engine.project.root
     assert all(engine.verify(v).ok for v in VIEWS)
 
     # Corrupt the reduction's state: a phantom group sum written at the current epoch.
@@ -66,11 +62,7 @@ def test_verify_detects_and_repairs_corruption(spark, make_project, tmp_path, ca
 
 
 def test_verify_reports_rows_added_behind_the_engine(spark, make_project, tmp_path):
-    lake = RandomLake(tmp_path / "data", 4)
-    lake.create()
-    root = make_project(VIEWS, {"items": lake.items, "events": lake.events})
-    engine = Engine(root, spark=spark)
-    assert engine.refresh().ok
+    _, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, 4)
     table = engine.layout.view_table("big_grp")
     rows = DeltaTable(table).to_pyarrow_table()
     write_deltalake(table, pa.concat_tables([rows.slice(0, 1)]), mode="append")
