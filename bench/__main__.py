@@ -105,9 +105,7 @@ def setup(scale: float, spark_conf: dict[str, str]):
     return work, sources, config
 
 
-def run_scale(
-    scale: float, runs: int, change: float, spark, *, seed0: int = 1
-) -> ScaleResult:
+def run_scale(scale: float, runs: int, change: float, spark, *, seed0: int = 1) -> ScaleResult:
     from demo.tpch import apply_change_batch
     from ivm.engine import Engine
 
@@ -214,7 +212,10 @@ def write_markdown(
             f"{full / inc:.2f}x | {opened:,.0f} of {total:,.0f} |"
         )
     lines += ["", "Stored bytes (Parquet files under the lake) against the sources' bytes:", ""]
-    lines += ["| SF | sources | arrangements | state | views | logs |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| SF | sources | arrangements | state | views | logs |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
         lines.append(
@@ -246,24 +247,34 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
     if 1.0 in by:
         r = by[1.0]
         ratio = r.median("spark_full") / r.median("incremental")
-        out.append(f"| SF1, 0.1% change: incremental >= 10x faster than Spark full | "
-                   f"{ratio:.2f}x | {'yes' if ratio >= 10 else 'no'} |")
+        out.append(
+            f"| SF1, 0.1% change: incremental >= 10x faster than Spark full | "
+            f"{ratio:.2f}x | {'yes' if ratio >= 10 else 'no'} |"
+        )
         build = r.build / r.median("spark_full")
-        out.append(f"| SF1 initial build <= 2x Spark full recompute | {build:.1f}x | "
-                   f"{'yes' if build <= 2 else 'no'} |")
+        out.append(
+            f"| SF1 initial build <= 2x Spark full recompute | {build:.1f}x | "
+            f"{'yes' if build <= 2 else 'no'} |"
+        )
     if 0.1 in by and 1.0 in by:
         growth = by[1.0].median("incremental") / by[0.1].median("incremental")
         full = by[1.0].median("spark_full") / by[0.1].median("spark_full")
-        out.append(f"| incremental time SF0.1 -> SF1 grows <= 1.5x (full recompute: {full:.1f}x) "
-                   f"| {growth:.2f}x | {'yes' if growth <= 1.5 else 'no'} (same fraction, "
-                   "not yet the same absolute change) |")
-    out.append("| stored state <= 1.5x raw Parquet bytes of the same columns | not measured yet "
-               "| - |")
+        out.append(
+            f"| incremental time SF0.1 -> SF1 grows <= 1.5x (full recompute: {full:.1f}x) "
+            f"| {growth:.2f}x | {'yes' if growth <= 1.5 else 'no'} (same fraction, "
+            "not yet the same absolute change) |"
+        )
+    out.append(
+        "| stored state <= 1.5x raw Parquet bytes of the same columns | not measured yet | - |"
+    )
     if swept:
         wins = [p.change for p in swept if p.incremental < p.spark_full]
-        rule = (f"incremental wins up to {max(wins):.2%} changed" if wins else
-                "incremental never beat Spark's full recompute at this scale: today a refresh "
-                "should recompute (the engine does not switch by itself yet)")
+        rule = (
+            f"incremental wins up to {max(wins):.2%} changed"
+            if wins
+            else "incremental never beat Spark's full recompute at this scale: today a refresh "
+            "should recompute (the engine does not switch by itself yet)"
+        )
         out += ["", f"Rule from the sweep: {rule}."]
     return out + [""]
 
@@ -273,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scales", default="0.1,1", help="TPC-H scale factors (0.1,1)")
     parser.add_argument("--runs", type=int, default=3, help="change batches per scale (3)")
     parser.add_argument("--change", type=float, default=0.001, help="fraction per kind (0.001)")
-    parser.add_argument("--sweep", default="", help="change fractions to sweep, e.g. 0.0001,0.01,0.1")
+    parser.add_argument(
+        "--sweep", default="", help="change fractions to sweep, e.g. 0.0001,0.01,0.1"
+    )
     parser.add_argument("--sweep-scale", type=float, default=0.1)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)

@@ -38,16 +38,21 @@ def main(n: int) -> None:
         "CREATE VIEW extremes AS SELECT g, min(v) AS lo, max(v) AS hi FROM big GROUP BY g\n"
     )
     spark = get_spark({"spark.sql.shuffle.partitions": "2"})
-    engine = Engine(root / "p" / "ivm.toml", spark=spark, measure_lookups=True,
-                    progress=lambda m: None)
+    engine = Engine(
+        root / "p" / "ivm.toml", spark=spark, measure_lookups=True, progress=lambda m: None
+    )
     engine.refresh()
     DeltaTable(path).delete(f"v IN (0, {n - 1})")
     result = engine.refresh().views[0]
-    print(f"group of {n:,} values; after deleting its min and max: "
-          f"{engine.read_view('extremes').to_pylist()}")
+    print(
+        f"group of {n:,} values; after deleting its min and max: "
+        f"{engine.read_view('extremes').to_pylist()}"
+    )
     for name, st in sorted(result.lookups.items()):
-        print(f"  {name}: {st.keys} keys looked up, {st.rows_scanned:,} rows read of "
-              f"{st.rows_total:,}")
+        print(
+            f"  {name}: {st.keys} keys looked up, {st.rows_scanned:,} rows read of "
+            f"{st.rows_total:,}"
+        )
 
 
 if __name__ == "__main__":

@@ -848,22 +848,20 @@ class Engine:
             return df.select(*cols)
 
         log, _ = view_changes(self.spark, log_uri, self.table_schema(log_uri), -1, epoch)
-        summed = log.groupBy(*[F.col(f"`{c}`") for c in plan.columns]).agg(
-            F.sum(DIFF).alias(DIFF)
-        )
+        summed = log.groupBy(*[F.col(f"`{c}`") for c in plan.columns]).agg(F.sum(DIFF).alias(DIFF))
         result.negative = summed.where(F.col(DIFF) < 0).count()
-        log_rows = summed.where(F.col(DIFF) > 0).withColumn(
-            "_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int")))
-        ).select(*[F.col(f"`{c}`") for c in plan.columns])
+        log_rows = (
+            summed.where(F.col(DIFF) > 0)
+            .withColumn("_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int"))))
+            .select(*[F.col(f"`{c}`") for c in plan.columns])
+        )
         expected = rounded(self.from_scratch(name, epoch))
         actual = rounded(log_rows)
         if table_epoch == epoch:  # the table must hold exactly the log's rows
             table = rounded(
                 read_files(self.spark, table_files(table_uri), self.table_schema(table_uri))
             )
-            actual = actual.unionByName(table.exceptAll(actual)).exceptAll(
-                actual.exceptAll(table)
-            )
+            actual = actual.unionByName(table.exceptAll(actual)).exceptAll(actual.exceptAll(table))
         else:
             result.examples.append(f"table at epoch {table_epoch} is behind its log: refresh")
             result.extra += 1

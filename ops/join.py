@@ -278,7 +278,10 @@ def render_not_in(
         .cast("bigint")
         .alias("_nulls"),
     ).select(
-        F.lit(0).cast("int").alias(GLOBAL_KEY), "_rows", "_nulls", F.lit(new).cast("bigint").alias(TIME)
+        F.lit(0).cast("int").alias(GLOBAL_KEY),
+        "_rows",
+        "_nulls",
+        F.lit(new).cast("bigint").alias(TIME),
     )
     store.write(table, counts)
     probe = store.spark.range(1).select(F.lit(0).cast("int").alias(GLOBAL_KEY))
@@ -293,7 +296,9 @@ def render_not_in(
 
     def stamped(df: DataFrame, sign: int = 1) -> DataFrame:
         cols = [F.col(f"`{c}`") for c in join.input.columns]
-        return df.select(*cols, F.lit(new).cast("bigint").alias(TIME), (F.col(DIFF) * sign).alias(DIFF))
+        return df.select(
+            *cols, F.lit(new).cast("bigint").alias(TIME), (F.col(DIFF) * sign).alias(DIFF)
+        )
 
     def full(at: int, how: str | None) -> DataFrame:
         if how is None or how == "none":  # before the view existed, or a NULL in the subquery
@@ -301,9 +306,12 @@ def render_not_in(
         rows = prepare(join.input, snapshot(join.input.get.collection, at))
         if how == "all":
             return rows
-        keys = prepare(join.other, snapshot(join.other.get.collection, at)).select(
-            F.col(f"`{theirs}`")
-        ).dropna().distinct()
+        keys = (
+            prepare(join.other, snapshot(join.other.get.collection, at))
+            .select(F.col(f"`{theirs}`"))
+            .dropna()
+            .distinct()
+        )
         return rows.where(F.col(f"`{mine}`").isNotNull()).join(
             keys, _condition(rows, keys, [(mine, theirs)]), "left_anti"
         )

@@ -114,8 +114,7 @@ def _sum_type(dt: T.DataType, what: str) -> T.DataType:
         return T.DecimalType(38, 0)
     if isinstance(dt, (T.FloatType, T.DoubleType)):
         return T.DoubleType()
-    raise UnsupportedSqlError(f"{what} over a column of type {dt.simpleString()}",
-                              construct=what)
+    raise UnsupportedSqlError(f"{what} over a column of type {dt.simpleString()}", construct=what)
 
 
 def _square_type(dt: T.DataType) -> T.DataType:
@@ -169,9 +168,13 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
                 sq_t = _square_type(dt)
                 sq = add(
                     f"_sq_{a.arg}",
-                    F.coalesce((x.cast(sq_t) * x.cast(sq_t)).cast(sq_t) * diff, F.lit(0).cast(sq_t)),
+                    F.coalesce(
+                        (x.cast(sq_t) * x.cast(sq_t)).cast(sq_t) * diff, F.lit(0).cast(sq_t)
+                    ),
                 )
-                results.append(lambda nn=nn, total=total, sq=sq, f=func: _var_result(nn, total, sq, f))
+                results.append(
+                    lambda nn=nn, total=total, sq=sq, f=func: _var_result(nn, total, sq, f)
+                )
         elif func in ("bool_and", "bool_or"):
             if not isinstance(dt, T.BooleanType):
                 raise UnsupportedSqlError(
@@ -244,15 +247,19 @@ def _accumulated_values(
     rows = store.read(table, keys, touched, store.new)
     sums = rows.groupBy(*[_c(k) for k in keys]).agg(
         *[F.sum(_c(n)).alias(n) for n in acc.state_columns],
-        *[F.sum(F.when(_c(TIME) <= store.old, _c(n))).alias(f"{n}__old") for n in acc.state_columns],
+        *[
+            F.sum(F.when(_c(TIME) <= store.old, _c(n))).alias(f"{n}__old")
+            for n in acc.state_columns
+        ],
     )
     if global_row:  # the one row exists even when no state row does
         sums = touched.join(sums, on=list(keys), how="left")
     out = []
     for suffix in ("__old", ""):
         cols = [
-            F.coalesce(_c(f"{n}{suffix}"), F.lit(0)).cast(
-                sums.schema[f"{n}{suffix}"].dataType).alias(n)
+            F.coalesce(_c(f"{n}{suffix}"), F.lit(0))
+            .cast(sums.schema[f"{n}{suffix}"].dataType)
+            .alias(n)
             for n in acc.state_columns
         ]
         state = sums.select(*[_c(k) for k in keys], *cols)
@@ -335,14 +342,18 @@ def _climb(store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame) 
     return delta
 
 
-def _minmax_combine(funcs: Sequence[str], arg: str) -> Callable[[DataFrame, list[str], bool], DataFrame]:
+def _minmax_combine(
+    funcs: Sequence[str], arg: str
+) -> Callable[[DataFrame, list[str], bool], DataFrame]:
     def combine(children: DataFrame, group: list[str], leaf: bool) -> DataFrame:
         aggs = []
         for f in funcs:
             src = _c(arg) if leaf else _c(f"_{f}")
             aggs.append((F.min(src) if f == "min" else F.max(src)).alias(f"_{f}"))
-        return children.groupBy(*[_c(g) for g in group]).agg(*aggs).withColumn(
-            DIFF, F.lit(1).cast("bigint")
+        return (
+            children.groupBy(*[_c(g) for g in group])
+            .agg(*aggs)
+            .withColumn(DIFF, F.lit(1).cast("bigint"))
         )
 
     return combine
@@ -362,9 +373,7 @@ def _order_columns(order: Sequence[tuple[str, bool, bool]], rest: Sequence[str])
     return out
 
 
-def _first_k(
-    rows: DataFrame, group: list[str], order: list[Column], k: int
-) -> DataFrame:
+def _first_k(rows: DataFrame, group: list[str], order: list[Column], k: int) -> DataFrame:
     """Per group, the first ``k`` rows in ``order`` counting multiplicities (``_diff``), the
     last one's multiplicity cut to fit."""
     w = Window.partitionBy(*[_c(g) for g in group]).orderBy(*order)
@@ -399,9 +408,9 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
     for o, n in results[1:]:  # collation: the branches' columns side by side, per group
         old = _join_on(old, o, keys, "inner")
         new = _join_on(new, n, keys, "inner")
-    out_cols = [_c(c) for c in node.columns] if not global_row else [
-        _c(a.name) for a in node.aggregates
-    ]
+    out_cols = (
+        [_c(c) for c in node.columns] if not global_row else [_c(a.name) for a in node.aggregates]
+    )
     stamp = F.lit(store.new).cast("bigint").alias(TIME)
     change = new.select(*out_cols, stamp, F.lit(1).cast("bigint").alias(DIFF)).unionByName(
         old.select(*out_cols, stamp, F.lit(-1).cast("bigint").alias(DIFF))
@@ -414,9 +423,7 @@ def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -
 
     The right side's keys are renamed first, so the two sides may derive from one frame.
     """
-    renamed = right.select(
-        *[_c(c).alias(f"_r_{c}") if c in keys else _c(c) for c in right.columns]
-    )
+    renamed = right.select(*[_c(c).alias(f"_r_{c}") if c in keys else _c(c) for c in right.columns])
     cond = fold(lambda a, b: a & b, [_c(k).eqNullSafe(_c(f"_r_{k}")) for k in keys])
     return left.join(renamed, on=cond, how=how).drop(*[f"_r_{k}" for k in keys])
 
@@ -465,7 +472,7 @@ def _distinct_change(
         F.coalesce(_c("_c_old"), F.lit(0)).alias("_c_old"),
         (F.coalesce(_c("_c_old"), F.lit(0)) + _c(DIFF)).alias("_c_new"),
     )
-    flip = (F.when(_c("_c_new") > 0, 1).otherwise(0) - F.when(_c("_c_old") > 0, 1).otherwise(0))
+    flip = F.when(_c("_c_new") > 0, 1).otherwise(0) - F.when(_c("_c_old") > 0, 1).otherwise(0)
     out = joined.select(*[_c(c) for c in cols], flip.cast("bigint").alias(DIFF)).where(
         _c(DIFF) != 0
     )
@@ -514,8 +521,9 @@ def _minmax_values(
         tower = _Tower(tuple(tkeys), tuple(values), (arg,), _minmax_combine(funcs, arg))
         _climb(store, branch, tower, delta.select(*[_c(k) for k in tkeys], _c(arg), DIFF))
         read_key, group_cols = [*tkeys, "_b"], tkeys
-        probe = (touched.select(*[_c(k) for k in tkeys]) if tkeys else store.spark.range(1)
-                 .select()).withColumn("_b", F.lit(0).cast("bigint"))
+        probe = (
+            touched.select(*[_c(k) for k in tkeys]) if tkeys else store.spark.range(1).select()
+        ).withColumn("_b", F.lit(0).cast("bigint"))
     rows = store.read(top, read_key, probe, store.new)
     out = []
     for at in (store.old, store.new):
@@ -580,7 +588,8 @@ def _basic_sql(a: Aggregate) -> str:
     def order(default: str) -> str:
         items = a.order or ((default, False, True),)
         return ", ".join(
-            f"`{c}` {'DESC' if d else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}" for c, d, nf in items
+            f"`{c}` {'DESC' if d else 'ASC'} NULLS {'FIRST' if nf else 'LAST'}"
+            for c, d, nf in items
         )
 
     if a.func == "string_agg":
@@ -628,7 +637,9 @@ def render_setop(node: SetOp, left: DataFrame, right: DataFrame, store: StateSto
     def multiplicity(a: Column, b: Column) -> Column:
         if node.op == "intersect":
             return F.least(a, b) if node.all else F.when((a > 0) & (b > 0), 1).otherwise(0)
-        return F.greatest(a - b, F.lit(0)) if node.all else F.when((a > 0) & (b <= 0), 1).otherwise(0)
+        return (
+            F.greatest(a - b, F.lit(0)) if node.all else F.when((a > 0) & (b <= 0), 1).otherwise(0)
+        )
 
     diff = multiplicity(_c("a1"), _c("b1")) - multiplicity(_c("a0"), _c("b0"))
     return state.select(

@@ -38,6 +38,7 @@ from resources.lake import (
     remove_action,
     staging_uri,
     table_file_stats,
+    transaction_version,
 )
 
 PRUNE_COLUMNS = 8
@@ -209,6 +210,16 @@ def apply_to_table(
             source = merged
         else:
             lowest, total_rows, source = (-1 if deleted else None), inserted, net
+        if (
+            lowest is not None
+            and lowest < 0
+            and (transaction_version(table_uri, app_id) or 0) >= epoch
+        ):
+            # A concurrent refresh committed this epoch to the table while we computed: the
+            # files we merged with already hold it. Nothing to do (exactly once).
+            return TableChange(
+                CommitResult(table_uri, epoch, committed=False, version=None), 0, 0, 0, 0
+            )
         if lowest is not None and lowest < 0:
             bad = source.where(F.col(DIFF) < 0).limit(1).collect()
             example = bad[0].asDict() if bad else {}

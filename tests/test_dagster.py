@@ -263,7 +263,9 @@ def test_instance_settings_serialize_lake_writes(project: Path) -> None:
         instance.dispose()
     defs = build_definitions(project)
     writers = [
-        a for a in defs.assets if isinstance(a, dg.AssetsDefinition)
+        a
+        for a in defs.assets
+        if isinstance(a, dg.AssetsDefinition)
         and any(k.path[0] in ("views", "arrangements", "ivm") for k in a.keys)
     ]
     assert len(writers) > 3 and all(a.op.pool == POOL for a in writers)

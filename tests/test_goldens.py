@@ -85,9 +85,7 @@ def test_error_carries_position() -> None:
 
 def test_unsupported_names_construct() -> None:
     with pytest.raises(SqlError) as info:
-        plan_views(
-            [parse_view("CREATE VIEW v AS SELECT a FROM t LIMIT 3", "v.sql")], {"t": ("a",)}
-        )
+        plan_views([parse_view("CREATE VIEW v AS SELECT a FROM t LIMIT 3", "v.sql")], {"t": ("a",)})
     assert info.value.construct == "LIMIT without ORDER BY"
 
 

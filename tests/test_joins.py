@@ -145,13 +145,18 @@ def test_not_in_follows_null_rules_through_every_mode(spark, make_project, tmp_p
     sa = pa.schema([("id", pa.int64()), ("k", pa.int64())])
     sb = pa.schema([("x", pa.int64()), ("keep", pa.bool_())])
     write_deltalake(
-        a, pa.Table.from_pylist([{"id": i, "k": k} for i, k in enumerate([1, 2, 3, None, 2])],
-                                schema=sa), configuration=conf
+        a,
+        pa.Table.from_pylist(
+            [{"id": i, "k": k} for i, k in enumerate([1, 2, 3, None, 2])], schema=sa
+        ),
+        configuration=conf,
     )
     write_deltalake(b, pa.Table.from_pylist([], schema=sb), configuration=conf)
     root = make_project(
-        {"not_in": "CREATE VIEW not_in AS SELECT id, k FROM a "
-                   "WHERE k NOT IN (SELECT x FROM b WHERE keep)"},
+        {
+            "not_in": "CREATE VIEW not_in AS SELECT id, k FROM a "
+            "WHERE k NOT IN (SELECT x FROM b WHERE keep)"
+        },
         {"a": a, "b": b},
     )
     engine = Engine(root, spark=spark)
@@ -160,13 +165,17 @@ def test_not_in_follows_null_rules_through_every_mode(spark, make_project, tmp_p
     assert len(engine.read_view("not_in")) == 5  # empty subquery: every row, NULL k too
 
     def add_b(rows):
-        write_deltalake(b, pa.Table.from_pylist(
-            [{"x": x, "keep": True} for x in rows], schema=sb), mode="append")
+        write_deltalake(
+            b,
+            pa.Table.from_pylist([{"x": x, "keep": True} for x in rows], schema=sb),
+            mode="append",
+        )
 
     steps = [
         lambda: add_b([2]),  # values: anti-join
-        lambda: write_deltalake(a, pa.Table.from_pylist([{"id": 9, "k": 4}], schema=sa),
-                                mode="append"),  # change in anti mode
+        lambda: write_deltalake(
+            a, pa.Table.from_pylist([{"id": 9, "k": 4}], schema=sa), mode="append"
+        ),  # change in anti mode
         lambda: add_b([None]),  # a NULL: no rows
         lambda: DeltaTable(a).delete("id = 0"),  # change in none mode
         lambda: DeltaTable(b).delete("x IS NULL"),  # back to anti

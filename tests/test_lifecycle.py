@@ -226,10 +226,17 @@ def test_two_refreshes_started_together_commit_each_epoch_once(spark, make_proje
     assert engine.refresh().ok
     lake.random_batch()
     cmd = [sys.executable, "-m", "ivm.cli", "--project", str(root), "-q", "refresh"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
+    failed = [
+        f"exit {p.returncode}:\n{out}\n{err[-3000:]}"
+        for p, (out, err) in zip(procs, outs, strict=True)
+        if p.returncode != 0
+    ]
+    assert not failed, "\n".join(failed)
     engine = Engine(root, spark=spark)
     assert engine.latest_epoch() == 2  # one epoch minted between them, not two
     check_all(engine)

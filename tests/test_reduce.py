@@ -153,9 +153,7 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
 
     random.Random(3).shuffle(values)
     rows = {"g": ["x"] * n + ["y"] * 3, "v": values + [5, 6, 7]}
-    write_deltalake(
-        path, pa.table(rows), configuration={"delta.enableChangeDataFeed": "true"}
-    )
+    write_deltalake(path, pa.table(rows), configuration={"delta.enableChangeDataFeed": "true"})
     root = make_project(
         {
             "extremes": """
@@ -171,9 +169,14 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
     DeltaTable(path).delete(f"g = 'x' AND v IN (0, {n - 1})")
     report = engine.refresh()
     assert report.ok
-    assert all(c.equal for c in compare_views(engine)), [c.describe() for c in compare_views(engine)]
+    assert all(c.equal for c in compare_views(engine)), [
+        c.describe() for c in compare_views(engine)
+    ]
     assert engine.read_view("extremes").sort_by("g").to_pylist()[0] == {
-        "g": "x", "lo": 1, "hi": n - 2, "n": n - 2
+        "g": "x",
+        "lo": 1,
+        "hi": n - 2,
+        "n": n - 2,
     }
     lookups = report.views[0].lookups
     levels = sorted(k for k in lookups if ".min_max_v.l" in k)
@@ -193,8 +196,9 @@ def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
     conf = {"delta.appendOnly": "true"}
     write_deltalake(
         path,
-        pa.Table.from_pylist([{"sym": "a", "px": 5, "seq": 1}, {"sym": "b", "px": 7, "seq": 2}],
-                             schema=schema),
+        pa.Table.from_pylist(
+            [{"sym": "a", "px": 5, "seq": 1}, {"sym": "b", "px": 7, "seq": 2}], schema=schema
+        ),
         configuration=conf,
     )
     root = make_project(
@@ -215,9 +219,13 @@ def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
         write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="append")
         assert engine.refresh().ok
         check_all(engine)
-    assert not (engine.layout.root and any(
-        p.name.endswith(".l0") for p in (tmp_path / "project" / "lake" / "state" / "hi_lo").iterdir()
-    ))
+    assert not (
+        engine.layout.root
+        and any(
+            p.name.endswith(".l0")
+            for p in (tmp_path / "project" / "lake" / "state" / "hi_lo").iterdir()
+        )
+    )
 
 
 def test_groups_empty_and_refill(spark, make_project, tmp_path):
@@ -231,7 +239,9 @@ def test_groups_empty_and_refill(spark, make_project, tmp_path):
     rows = [("z", 1, "a"), ("z", 5, "b"), ("z", 5, "b"), ("y", 2, "c"), ("n", None, None)]
     write_deltalake(
         path,
-        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r, strict=True)) for r in rows], schema=schema),
+        pa.Table.from_pylist(
+            [dict(zip(("g", "v", "s"), r, strict=True)) for r in rows], schema=schema
+        ),
         configuration={"delta.enableChangeDataFeed": "true"},
     )
     root = make_project(
@@ -267,7 +277,9 @@ def test_groups_empty_and_refill(spark, make_project, tmp_path):
     refill = [("z", 7, "q"), ("z", None, None), ("n", None, None)]
     write_deltalake(
         path,
-        pa.Table.from_pylist([dict(zip(("g", "v", "s"), r, strict=True)) for r in refill], schema=schema),
+        pa.Table.from_pylist(
+            [dict(zip(("g", "v", "s"), r, strict=True)) for r in refill], schema=schema
+        ),
         mode="append",
     )
     assert engine.refresh().ok

@@ -195,7 +195,10 @@ def _node_lines(node: Node, depth: int) -> list[str]:
         if node.is_identity():
             return _node_lines(node.input, depth)
         if not node.outputs:
-            return [pad + "Project (no columns: rows are only counted)", *_node_lines(node.input, depth + 1)]
+            return [
+                pad + "Project (no columns: rows are only counted)",
+                *_node_lines(node.input, depth + 1),
+            ]
         items = []
         for name, e in node.outputs:
             text = _pretty(e.sql(dialect=DIALECT))

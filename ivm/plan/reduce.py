@@ -106,7 +106,9 @@ class Branch:
 def _tower_tables(prefix: str, keys: tuple[str, ...], levels: int, what: str) -> tuple:
     if levels == 0:
         return (StateTable(f"{prefix}.top", keys or (GLOBAL_KEY,), f"per group: {what}"),)
-    tables = [StateTable(f"{prefix}.l0", (*keys, "_p", "_b"), "input values with counts, by bucket")]
+    tables = [
+        StateTable(f"{prefix}.l0", (*keys, "_p", "_b"), "input values with counts, by bucket")
+    ]
     for level in range(1, levels + 1):
         span = 16**levels // 16**level
         holds = f"{what} of each of {span} bucket(s) per group" if span > 1 else f"{what} per group"
@@ -148,8 +150,12 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
                 tuple(aggs),
                 value=column,
                 levels=levels,
-                tables=_tower_tables(f"{label}.{funcs.replace('/', '_')}_{column}", keys, levels,
-                                     funcs.upper().replace("/", " and ")),
+                tables=_tower_tables(
+                    f"{label}.{funcs.replace('/', '_')}_{column}",
+                    keys,
+                    levels,
+                    funcs.upper().replace("/", " and "),
+                ),
             )
         )
     basic = [a for a in node.aggregates if a.kind == "basic" and not a.distinct]
@@ -198,9 +204,7 @@ def setop_branch(node: SetOp) -> Branch:
         f"{node.op}{' all' if node.all else ''}",
         node.columns,
         tables=(
-            StateTable(
-                f"{node.label}.counts", node.columns, "per row: its count in each input"
-            ),
+            StateTable(f"{node.label}.counts", node.columns, "per row: its count in each input"),
         ),
     )
 
@@ -233,7 +237,9 @@ def state_tables(root: Node) -> list[StateTable]:
     seen: dict[str, StateTable] = {}
     for node in walk(root):
         if isinstance(node, SemiJoin) and node.null_aware:
-            t = StateTable(f"{node.label}.not_in", (GLOBAL_KEY,), "the subquery's rows and NULL keys")
+            t = StateTable(
+                f"{node.label}.not_in", (GLOBAL_KEY,), "the subquery's rows and NULL keys"
+            )
             seen.setdefault(t.name, t)
         for b in branches(node):
             for t in b.tables:

@@ -197,8 +197,7 @@ class ReduceLowering:
                 if isinstance(n, exp.Column):
                     user = n.name.replace("__", ".", 1)
                     raise self.error(
-                        f"column {user!r} must appear in GROUP BY or inside an aggregate "
-                        "function",
+                        f"column {user!r} must appear in GROUP BY or inside an aggregate function",
                         _find_column(e, n.name.split("__")[-1]) or e,
                     )
                 return n
@@ -256,8 +255,13 @@ class ReduceLowering:
                 ordered[0].this.copy(),
                 False,
                 (float(frac.this),),
-                ((ordered[0].this.copy(), bool(ordered[0].args.get("desc")),
-                  bool(ordered[0].args.get("nulls_first"))),),
+                (
+                    (
+                        ordered[0].this.copy(),
+                        bool(ordered[0].args.get("desc")),
+                        bool(ordered[0].args.get("nulls_first")),
+                    ),
+                ),
             )
         if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
             func = _AGG_ANONYMOUS[n.name.lower()]
@@ -285,8 +289,7 @@ class ReduceLowering:
             value = args[0] if args else None
             if isinstance(value, exp.Order):
                 order = [
-                    (o.this.copy(), bool(o.args.get("desc")),
-                     bool(o.args.get("nulls_first")))
+                    (o.this.copy(), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
                     for o in value.expressions
                 ]
                 value = value.this
@@ -328,8 +331,8 @@ class ReduceLowering:
             )
         if right.columns != left.columns:
             right = Project(
-                right, tuple((n, exp.column(c)) for n, c in zip(left.columns, right.columns,
-                                                                 strict=True))
+                right,
+                tuple((n, exp.column(c)) for n, c in zip(left.columns, right.columns, strict=True)),
             )
         return SetOp(left, right, op, not q.args.get("distinct"), self.label())
 
@@ -354,8 +357,11 @@ class ReduceLowering:
         if limit is None:
             return node  # ORDER BY alone does not change a multiset: a view has no order
         k = _integer(limit.expression if isinstance(limit, exp.Limit) else limit)
-        n = _integer(offset.expression if isinstance(offset, exp.Offset) else offset) if offset \
+        n = (
+            _integer(offset.expression if isinstance(offset, exp.Offset) else offset)
+            if offset
             else 0
+        )
         if k is None or n is None:
             raise self.unsupported("LIMIT/OFFSET that is not an integer literal", limit)
         if order is None:
@@ -375,11 +381,14 @@ class ReduceLowering:
             if isinstance(target, exp.Literal) and not target.is_string:
                 pos = int(target.this)
                 if not 1 <= pos <= len(node.columns):
-                    raise self.error(f"ORDER BY {pos}: the query has {len(node.columns)} columns",
-                                     target)
+                    raise self.error(
+                        f"ORDER BY {pos}: the query has {len(node.columns)} columns", target
+                    )
                 name = node.columns[pos - 1]
-            elif isinstance(target, exp.Column) and not target.table and (
-                target.name.lower() in node.columns
+            elif (
+                isinstance(target, exp.Column)
+                and not target.table
+                and (target.name.lower() in node.columns)
             ):
                 name = target.name.lower()
             elif isinstance(node, Project):
@@ -399,8 +408,9 @@ class ReduceLowering:
         if hidden:
             assert isinstance(node, Project)
             node = Project(node.input, node.outputs + tuple(hidden))
-        top: Node = TopK(node, (), tuple(keys), k, self.label(), offset=n,
-                         group_size=self.group_size)
+        top: Node = TopK(
+            node, (), tuple(keys), k, self.label(), offset=n, group_size=self.group_size
+        )
         if hidden:
             top = Project(top, tuple((c, exp.column(c)) for c in visible))
         return top
