@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from ivm.errors import SqlError
+from ivm.errors import InvariantViolation, SqlError
 from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class ReduceLowering:
                 calls[sig] = prefer if prefer and prefer not in taken else f"_agg{len(calls)}"
                 try:
                     aggregates.append(Aggregate(calls[sig], func, arg, distinct, params, order))
-                except Exception as e:  # InvariantViolation: a malformed call
+                except InvariantViolation as e:  # a malformed call
                     raise self.error(str(e), at) from e
             return calls[sig]
 
