@@ -55,7 +55,7 @@ class ScaleResult:
     scale: float
     build: float
     points: list[Point] = field(default_factory=list)
-    stored: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (bytes, rows)
+    stored: dict[str, int] = field(default_factory=dict)  # lake folder -> Parquet bytes
     raw_bytes: dict[str, int] = field(default_factory=dict)
 
     def median(self, attr: str) -> float:
@@ -92,7 +92,7 @@ def _lookup_rows(report) -> tuple[int, int]:
     return opened, total
 
 
-def setup(scale: float, spark_conf: dict[str, str]):
+def setup(scale: float):
     from demo.__main__ import write_project
     from demo.tpch import create_sources, generate_parquet
 
@@ -109,7 +109,7 @@ def run_scale(scale: float, runs: int, change: float, spark, *, seed0: int = 1) 
     from demo.tpch import apply_change_batch
     from ivm.engine import Engine
 
-    work, sources, config = setup(scale, {})
+    work, sources, config = setup(scale)
     engine = Engine(config, spark=spark, progress=lambda m: None)
     started = time.perf_counter()
     report = engine.refresh()
@@ -135,7 +135,7 @@ def run_scale(scale: float, runs: int, change: float, spark, *, seed0: int = 1) 
         )
     lake = work / "project" / "lake"
     for kind in ("arrangements", "state", "views", "logs"):
-        result.stored[kind] = (_dir_bytes(lake / kind), 0)
+        result.stored[kind] = _dir_bytes(lake / kind)
     result.raw_bytes["sources"] = _dir_bytes(work / "project" / "data")
     return result
 
@@ -144,7 +144,7 @@ def sweep(scale: float, changes: list[float], spark) -> list[Point]:
     from demo.tpch import apply_change_batch
     from ivm.engine import Engine
 
-    work, sources, config = setup(scale, {})
+    work, sources, config = setup(scale)
     engine = Engine(config, spark=spark, progress=lambda m: None)
     assert engine.refresh().ok
     points = []
@@ -219,8 +219,8 @@ def write_markdown(
     for r in results:
         mb = lambda b: f"{b / 1e6:.1f} MB"  # noqa: E731
         lines.append(
-            f"| {r.scale:g} | {mb(r.raw_bytes['sources'])} | {mb(r.stored['arrangements'][0])} | "
-            f"{mb(r.stored['state'][0])} | {mb(r.stored['views'][0])} | {mb(r.stored['logs'][0])} |"
+            f"| {r.scale:g} | {mb(r.raw_bytes['sources'])} | {mb(r.stored['arrangements'])} | "
+            f"{mb(r.stored['state'])} | {mb(r.stored['views'])} | {mb(r.stored['logs'])} |"
         )
     if swept:
         lines += [

@@ -865,13 +865,20 @@ class Engine:
         else:
             result.examples.append(f"table at epoch {table_epoch} is behind its log: refresh")
             result.extra += 1
-        missing = expected.exceptAll(actual)
-        extra = actual.exceptAll(expected)
-        result.expected_rows, result.actual_rows = expected.count(), actual.count()
-        result.missing, result.extra = missing.count(), result.extra + extra.count()
-        for label, df in (("missing", missing), ("extra", extra)):
-            for row in df.limit(examples).collect():
-                result.examples.append(f"{label} {tuple(row)}")
+        # Each side is computed once (the from-scratch one can be a large job), then compared.
+        expected, actual = expected.persist(), actual.persist()
+        try:
+            missing = expected.exceptAll(actual).persist()
+            extra = actual.exceptAll(expected).persist()
+            result.expected_rows, result.actual_rows = expected.count(), actual.count()
+            result.missing, result.extra = missing.count(), result.extra + extra.count()
+            for label, df in (("missing", missing), ("extra", extra)):
+                for row in df.limit(examples).collect():
+                    result.examples.append(f"{label} {tuple(row)}")
+                df.unpersist()
+        finally:
+            expected.unpersist()
+            actual.unpersist()
         result.seconds = time.perf_counter() - started
         self.progress(result.describe())
         return result

@@ -451,18 +451,21 @@ def _distinct_change(
     branch: Branch, delta: DataFrame, keys: list[str], store: StateStore
 ) -> DataFrame:
     """Write the ``(group, value)`` counts; return the change of the distinct set
-    (``+1`` when a value's count rises from zero, ``-1`` when it falls to zero)."""
+    (``+1`` when a value's count rises from zero, ``-1`` when it falls to zero). A basic
+    branch reads the counts themselves, so for it only the counts are written."""
     value = branch.value or ""
     table = branch.tables[0]
     cols = [*keys, value]
-    change = materialize(
-        consolidate(
-            delta.select(*[_c(c) for c in cols], DIFF).withColumn(
-                TIME, F.lit(store.new).cast("bigint")
-            ),
-            cols,
-        )
+    change = consolidate(
+        delta.select(*[_c(c) for c in cols], DIFF).withColumn(
+            TIME, F.lit(store.new).cast("bigint")
+        ),
+        cols,
     )
+    if branch.kind == "basic":
+        store.write(table, change)
+        return change
+    change = materialize(change)
     old = store.read_consolidated(
         table, cols, change.select(*[_c(c) for c in cols]), store.old, change
     ).withColumnRenamed(DIFF, "_c_old")
@@ -473,12 +476,9 @@ def _distinct_change(
         (F.coalesce(_c("_c_old"), F.lit(0)) + _c(DIFF)).alias("_c_new"),
     )
     flip = F.when(_c("_c_new") > 0, 1).otherwise(0) - F.when(_c("_c_old") > 0, 1).otherwise(0)
-    out = joined.select(*[_c(c) for c in cols], flip.cast("bigint").alias(DIFF)).where(
-        _c(DIFF) != 0
+    return materialize(
+        joined.select(*[_c(c) for c in cols], flip.cast("bigint").alias(DIFF)).where(_c(DIFF) != 0)
     )
-    if branch.kind == "basic":
-        return out
-    return materialize(out)
 
 
 def _check_append_only(label: str, delta: DataFrame) -> None:

@@ -252,7 +252,7 @@ class _Lowerer(ReduceLowering):
             node = relations[0].node
             conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
             if isinstance(node, Ranked):
-                node, conjuncts = self.rank_filter(node, conjuncts, scope)
+                node, conjuncts = self.rank_filter(node, conjuncts)
                 relations[0] = _Relation(node, relations[0].qualifiers, relations[0].label)
                 scope = _Scope(tuple(relations))
             if conjuncts:
@@ -317,7 +317,7 @@ class _Lowerer(ReduceLowering):
             elif windows:
                 raise self.error("ROW_NUMBER() needs a name: add AS rn", windows[0])
             visible = tuple(n for n, _ in outputs)
-            proj, partition, order = self.ranked(window, rank, result, rel)
+            proj, partition, order = self.ranked(window, result, rel)
             ranked = Ranked(proj, partition, order, rank, visible, window)
             if qualify is None:
                 if _arg(s, "distinct") or _arg(s, "limit"):
@@ -328,7 +328,7 @@ class _Lowerer(ReduceLowering):
                 condition = condition.transform(
                     lambda n: exp.column(rank) if n is inline else n, copy=False
                 )
-            result, rest = self.rank_filter(ranked, _conjuncts(condition), rel)
+            result, rest = self.rank_filter(ranked, _conjuncts(condition))
             if rest:
                 raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
             if not windows:

@@ -278,6 +278,13 @@ class ReduceLowering:
                 args.append(sep if sep is not None else exp.Literal.string(","))
         else:
             return None
+        if func == "string_agg" and args and isinstance(args[0], exp.Order):
+            # LISTAGG(x, sep) WITHIN GROUP (ORDER BY ...) parses as an ORDER around x
+            order = [
+                (o.this.copy(), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+                for o in args[0].expressions
+            ]
+            args[0] = args[0].this
         distinct = False
         if args and isinstance(args[0], exp.Distinct):
             distinct = True
@@ -285,19 +292,16 @@ class ReduceLowering:
             if len(inner_args) != 1:
                 raise self.unsupported(f"{func.upper()}(DISTINCT a, b) over several columns", n)
             args[0] = inner_args[0]
+            if any(o.sql() != args[0].sql() for o, _, _ in order):
+                raise self.unsupported(
+                    f"{func.upper()}(DISTINCT x) ordered by something other than x", n
+                )
         if func == "string_agg":
-            value = args[0] if args else None
-            if isinstance(value, exp.Order):
-                order = [
-                    (o.this.copy(), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
-                    for o in value.expressions
-                ]
-                value = value.this
             sep = args[1] if len(args) > 1 else exp.Literal.string(",")
             if not (isinstance(sep, exp.Literal) and sep.is_string):
                 raise self.error("STRING_AGG needs a literal string separator", n)
             params = (sep.this,)
-            args = [value]
+            args = args[:1]
         if func == "count" and (
             not args or isinstance(args[0], exp.Star) or _non_null_literal(args[0])
         ):
@@ -418,7 +422,6 @@ class ReduceLowering:
     def ranked(
         self,
         window: exp.Window,
-        rank: str | None,
         node: Project,
         scope: _Scope,
     ) -> tuple[Project, tuple[str, ...], tuple[tuple[str, bool, bool], ...]]:
@@ -455,12 +458,12 @@ class ReduceLowering:
     def plain(self, node: Node | Ranked) -> Node:
         """``node``, unless it is a ranking nobody bounded (then the view is rejected)."""
         if isinstance(node, Ranked):
-            self.rank_filter(node, [], None)  # raises: no rank bound
+            self.rank_filter(node, [])  # raises: no rank bound
         assert not isinstance(node, Ranked)
         return node
 
     def rank_filter(
-        self, ranked: Ranked, conjuncts: list[exp.Expression], scope: _Scope | None
+        self, ranked: Ranked, conjuncts: list[exp.Expression]
     ) -> tuple[Node, list[exp.Expression]]:
         """Turn ``rank <= k`` (or ``< k``, ``= 1``) among ``conjuncts`` into a TopK.
 
