@@ -269,10 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def entry() -> None:
     """Console-script entry: exit without interpreter finalization.
 
@@ -296,3 +292,7 @@ def _spark_started() -> bool:
     from pyspark.sql import SparkSession
 
     return SparkSession.getActiveSession() is not None
+
+
+if __name__ == "__main__":  # `python -m ivm.cli` exits the same way as the `ivm` command
+    entry()
