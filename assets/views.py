@@ -18,9 +18,11 @@ from typing import Any
 import dagster as dg
 from dagster import AssetExecutionContext
 from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
 
 from ivm.config import Project
 from ivm.engine import Engine, ViewResult
+from ivm.errors import IvmError
 from resources.faults import crash_point
 from resources.lake import SourceTable
 
@@ -74,6 +76,8 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
     def epoch(context: AssetExecutionContext) -> dg.MaterializeResult:
         engine = Engine(project, progress=context.log.info)
         rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
+        if context.run.tags.get(FULL_REFRESH_TAG, "") == "true":
+            rebuilds.update({v: "full refresh requested" for v in engine.plan.order})
         for view, reason in rebuilds.items():
             context.log.info(f"view {view} will be rebuilt: {reason}")
         record = engine.mint_epoch(force=bool(rebuilds))
@@ -163,6 +167,28 @@ def _arrangement_asset(project: Project, engine: Engine, key: Any) -> dg.AssetsD
     return arrangement
 
 
+FULL_REFRESH_TAG = "ivm/full_refresh"
+"""Run tag (value ``true``) that rebuilds every view the run materializes, e.g. a backfill
+launched from the UI's launchpad; per view, the asset config ``full_refresh: true``."""
+
+
+class ViewRefreshConfig(dg.Config):
+    """Run config of a view asset."""
+
+    full_refresh: bool = Field(
+        default=False,
+        description=(
+            "Rebuild the view from its inputs' current state (at a new epoch) instead of "
+            "applying the new changes; the difference to the stored view is committed, so "
+            "downstream views still receive only the changes."
+        ),
+    )
+
+
+def _full_refresh(context: AssetExecutionContext, config: ViewRefreshConfig) -> bool:
+    return config.full_refresh or context.run.tags.get(FULL_REFRESH_TAG, "") == "true"
+
+
 def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinition:
     plan = engine.plan.views[name]
     deps = [source_key(s) for s in plan.source_inputs]
@@ -184,17 +210,41 @@ def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinit
             "table": dg.MetadataValue.path(engine.layout.view_table(name)),
         },
     )
-    def view(context: AssetExecutionContext, pyspark: LazyPySparkResource) -> dg.MaterializeResult:
+    def view(
+        context: AssetExecutionContext, pyspark: LazyPySparkResource, config: ViewRefreshConfig
+    ) -> dg.MaterializeResult:
         from resources.spark import check_java
 
         check_java()
         run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
-        result = run_engine.refresh_view(name)
+        full = _full_refresh(context, config)
+        if full:
+            run_engine.epoch_for_rebuild(name)
+        result = run_engine.refresh_view(name, rebuild=full)
         crash_point("before_materialization")
         return dg.MaterializeResult(
             metadata=view_metadata(run_engine, name, result),
             data_version=dg.DataVersion(f"epoch-{result.epoch}"),
         )
+
+    return view
+
+
+def _broken_view_asset(name: str, error: IvmError) -> dg.AssetsDefinition:
+    """A view that cannot be planned: it stays in the graph, and materializing it fails with
+    the error (file, position, construct), while the other views refresh."""
+
+    @dg.asset(
+        key=view_key(name),
+        deps=[EPOCH_KEY],
+        group_name=VIEWS_GROUP,
+        pool=POOL,
+        kinds={"spark", "delta"},
+        description=f"View {name}: BROKEN: {error}",
+        metadata={"error": dg.MetadataValue.text(str(error))},
+    )
+    def view() -> dg.MaterializeResult:
+        raise error
 
     return view
 
@@ -255,4 +305,5 @@ def build_assets(project: Project) -> list[Any]:
     assets.append(_epoch_asset(project, list(project.sources)))
     assets.extend(_arrangement_asset(project, engine, k) for k in engine.plan.arrangements)
     assets.extend(_view_asset(project, engine, name) for name in engine.plan.order)
+    assets.extend(_broken_view_asset(n, e) for n, e in sorted(engine.plan.broken.items()))
     return assets

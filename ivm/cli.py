@@ -200,6 +200,9 @@ def _status(engine: Any, args: argparse.Namespace) -> int:
     print("views:")
     for name, v in st["views"].items():
         rows = "-" if v["rows"] is None else v["rows"]
+        if v.get("error"):
+            print(f"  {name}: BROKEN: {v['error']}")
+            continue
         print(f"  {name}: epoch {v['epoch']}, {rows} rows")
     return 0
 

@@ -29,7 +29,14 @@ from typing import Any
 import pyarrow as pa
 
 from ivm.config import Project, load_project
-from ivm.errors import InvariantViolation, IvmError, SourceError, ViewNotFoundError
+from ivm.errors import (
+    InvariantViolation,
+    IvmError,
+    SourceError,
+    SqlError,
+    UpstreamBroken,
+    ViewNotFoundError,
+)
 from ivm.plan.explain import explain
 from ivm.plan.join import ArrangementKey
 from ivm.plan.planner import ProjectPlan, ViewPlan, plan_views
@@ -181,21 +188,60 @@ class Engine:
     # -- planning (no Spark) ------------------------------------------------------------------
 
     @cached_property
+    def _opened_sources(self) -> tuple[dict[str, SourceTable], dict[str, SourceError]]:
+        good: dict[str, SourceTable] = {}
+        bad: dict[str, SourceError] = {}
+        for name, uri in self.project.sources.items():
+            try:
+                source = SourceTable(name, uri)
+                source.check()
+                good[name] = source
+            except SourceError as e:
+                bad[name] = e
+        return good, bad
+
+    @property
     def sources(self) -> dict[str, SourceTable]:
-        return {name: SourceTable(name, uri) for name, uri in self.project.sources.items()}
+        """The sources that can be opened (see :attr:`broken_sources` for the others)."""
+        return self._opened_sources[0]
+
+    @property
+    def broken_sources(self) -> dict[str, SourceError]:
+        """Sources that cannot be opened (missing, corrupt log, unreadable), with why."""
+        return self._opened_sources[1]
 
     @cached_property
     def plan(self) -> ProjectPlan:
-        parsed = [parse_view_file(f) for f in self.project.view_files()]
+        parsed, broken = [], {}
+        for f in self.project.view_files():
+            try:
+                parsed.append(parse_view_file(f))
+            except SqlError as e:
+                broken[f.stem.lower()] = e
         columns = {name: s.column_names() for name, s in self.sources.items()}
         append_only = {name for name, s in self.sources.items() if s.append_only()}
-        return plan_views(parsed, columns, append_only)
+        return plan_views(
+            parsed,
+            columns,
+            append_only,
+            broken=broken,
+            broken_sources=self.broken_sources,
+        )
 
     def view(self, name: str) -> ViewPlan:
+        """The plan of a view.
+
+        Raises:
+            ViewNotFoundError: no such view.
+            IvmError: the view is broken (its SQL, or an input): the error that says why.
+        """
+        key = name.lower()
+        if key in self.plan.broken:
+            raise self.plan.broken[key]
         try:
-            return self.plan.views[name.lower()]
+            return self.plan.views[key]
         except KeyError:
-            known = ", ".join(self.plan.views) or "none"
+            known = ", ".join(sorted([*self.plan.views, *self.plan.broken])) or "none"
             raise ViewNotFoundError(f"unknown view {name!r} (views: {known})") from None
 
     def explain(self, name: str) -> str:
@@ -289,6 +335,9 @@ class Engine:
                 prev = last.ranges.get(name) if last else None
                 lower = prev[1] if prev else None
                 ranges[name] = (None if lower is not None and version < lower else lower, version)
+            for name in self.broken_sources:  # unreadable now: no change until it is back
+                if last is not None and name in last.ranges:
+                    ranges[name] = (last.ranges[name][1], last.ranges[name][1])
             record = EpochRecord((last.epoch if last else 0) + 1, ranges, now_utc())
             if append_epoch(self.layout, record):
                 changed = ", ".join(
@@ -334,7 +383,13 @@ class Engine:
         """
         started = time.perf_counter()
         plan = self.plan  # plan first: invalid SQL must fail before anything is written
-        names = [self.view(v).name for v in views] if views is not None else list(plan.order)
+        wanted = [v.lower() for v in views] if views is not None else None
+        unplanned = [v for v in (wanted or plan.broken) if v in plan.broken]
+        names = [self.view(v).name for v in wanted if v not in plan.broken] if wanted else []
+        if wanted is None:
+            names = list(plan.order)
+        if unplanned and not names:  # nothing to refresh: the error itself, nothing written
+            raise plan.broken[unplanned[0]]
         if rebuild is True:
             asked = set(names)
         else:
@@ -361,6 +416,11 @@ class Engine:
                 broken[name] = str(e)
                 results.append(ViewResult(name, 0, 0, status="failed", error=str(e)))
                 self.progress(f"{name}: FAILED: {e}")
+        for name in unplanned:
+            error = plan.broken[name]
+            status = "skipped" if isinstance(error, UpstreamBroken) else "failed"
+            results.append(ViewResult(name, 0, 0, status=status, error=str(error)))
+            self.progress(f"{name}: {status.upper()}: {error}")
         return RefreshReport(minted, results, time.perf_counter() - started)
 
     def target_epoch(self, view: ViewPlan) -> int:
@@ -395,6 +455,13 @@ class Engine:
     def rebuild_reason(self, name: str) -> str | None:
         """Why a view must be rebuilt before it can continue incrementally, or None."""
         return self._stale_definition(self.layout.view_log(name), self.view(name))
+
+    def epoch_for_rebuild(self, name: str) -> EpochRecord | None:
+        """Mint an epoch (even with no source change) when the view already holds the latest
+        one, so that a rebuild asked for now has an epoch to write at; None if not needed."""
+        if self.table_epoch(self.layout.view_log(self.view(name).name)) < self.latest_epoch():
+            return None
+        return self.mint_epoch(force=True)
 
     def refresh_view(self, name: str, *, rebuild: bool = False) -> ViewResult:
         """Bring one view to :meth:`target_epoch`; idempotent per epoch (see module doc).
@@ -944,6 +1011,8 @@ class Engine:
         for name in self.plan.order:
             st = self.view_status(name)
             views[name] = {"epoch": st.table_epoch, "log_epoch": st.log_epoch, "rows": st.rows}
+        for name, error in sorted(self.plan.broken.items()):
+            views[name] = {"epoch": None, "log_epoch": None, "rows": None, "error": str(error)}
         return {
             "lake": self.layout.root,
             "epoch": last.epoch if last else 0,

@@ -64,6 +64,10 @@ class SqlError(IvmError, ValueError):
         )
 
 
+class UpstreamBroken(IvmError):
+    """A view cannot be planned or refreshed because a view it reads is broken; it waits."""
+
+
 class UnsupportedSqlError(SqlError):
     """Valid SQL, but a construct the planner cannot maintain (yet); names the construct."""
 

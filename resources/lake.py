@@ -163,10 +163,20 @@ class SourceTable:
     def table(self, version: int | None = None) -> DeltaTable:
         try:
             return DeltaTable(self.uri, version=version)
-        except DeltaError as e:
+        except (DeltaError, OSError, ValueError) as e:
+            which = "its latest version" if version is None else f"version {version}"
             raise ChangeFeedError(
-                f"source {self.name!r} ({self.uri}): cannot load version {version}: {e}"
+                f"source {self.name!r} ({self.uri}): cannot load {which} from its Delta log: "
+                f"{_first_line(e)}"
             ) from e
+
+    def check(self) -> None:
+        """Open the latest snapshot once: a corrupt or unreadable log fails here, by name.
+
+        Raises:
+            SourceError: the table's log cannot be read.
+        """
+        self.arrow_schema()
 
     def version(self) -> int:
         return self.table().version()

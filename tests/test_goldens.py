@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ivm.errors import SqlError
+from ivm.errors import SourceError, SqlError, UpstreamBroken
 from ivm.plan.explain import explain
 from ivm.plan.planner import plan_views
 from ivm.sql.parse import parse_view
@@ -66,7 +66,7 @@ def test_error_goldens(update_goldens: bool) -> None:
     lines = []
     for title, sql in error_cases():
         with pytest.raises(SqlError) as info:
-            plan_views([parse_view(sql, "v.sql")], sources)
+            plan_views([parse_view(sql, "v.sql")], sources).check()
         lines.append(f"{title}: {info.value}")
     actual = "\n".join(lines) + "\n"
     expected_file = GOLDENS / "errors.expected"
@@ -79,13 +79,15 @@ def test_error_carries_position() -> None:
     with pytest.raises(SqlError) as info:
         plan_views(
             [parse_view("CREATE VIEW v AS\nSELECT a,\n       nope\nFROM t", "v.sql")], {"t": ("a",)}
-        )
+        ).check()
     assert (info.value.file, info.value.line, info.value.col) == ("v.sql", 3, 8)
 
 
 def test_unsupported_names_construct() -> None:
     with pytest.raises(SqlError) as info:
-        plan_views([parse_view("CREATE VIEW v AS SELECT a FROM t LIMIT 3", "v.sql")], {"t": ("a",)})
+        plan_views(
+            [parse_view("CREATE VIEW v AS SELECT a FROM t LIMIT 3", "v.sql")], {"t": ("a",)}
+        ).check()
     assert info.value.construct == "LIMIT without ORDER BY"
 
 
@@ -110,3 +112,21 @@ def test_code_version_ignores_formatting() -> None:
     two = parse_view("create view v as\n  select a\n  from t\n  where b > 1", "v.sql")
     three = parse_view("CREATE VIEW v AS SELECT a FROM t WHERE b > 2", "v.sql")
     assert one.sql_hash == two.sql_hash != three.sql_hash
+
+
+def test_a_broken_view_sets_aside_itself_and_its_dependents_only() -> None:
+    views = [
+        parse_view("CREATE VIEW good AS SELECT a FROM t", "good.sql"),
+        parse_view("CREATE VIEW bad AS SELECT nope FROM t", "bad.sql"),
+        parse_view("CREATE VIEW after_bad AS SELECT nope FROM bad", "after_bad.sql"),
+        parse_view("CREATE VIEW after_good AS SELECT a FROM good", "after_good.sql"),
+        parse_view("CREATE VIEW from_u AS SELECT a FROM u", "from_u.sql"),
+    ]
+    plan = plan_views(views, {"t": ("a",)}, broken_sources={"u": SourceError("gone")})
+    assert list(plan.order) == ["good", "after_good"]
+    assert "bad.sql:1:27: unknown column 'nope'" in str(plan.broken["bad"])
+    assert isinstance(plan.broken["after_bad"], UpstreamBroken)
+    assert "waits for view 'bad'" in str(plan.broken["after_bad"])
+    assert str(plan.broken["from_u"]) == "from_u.sql: view 'from_u' reads source 'u': gone"
+    with pytest.raises(SqlError, match="unknown column 'nope'"):
+        plan.check()

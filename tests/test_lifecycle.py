@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 
 import ops.sink
 from ivm.engine import Engine
-from ivm.errors import ChangeFeedError
+from ivm.errors import ChangeFeedError, SqlError
 from ivm.oracle import compare_views, log_multiset, table_multiset
 from resources.lake import commit_files, open_table
 
@@ -243,3 +243,50 @@ def test_two_refreshes_started_together_commit_each_epoch_once(spark, make_proje
     for view in ("per_grp", "big"):
         commits = open_table(engine.layout.view_log(view)).history()
         assert len(commits) == 2, (view, commits)  # epochs 1 and 2, each committed once
+
+
+def test_broken_views_and_sources_do_not_stop_the_others(spark, make_project, src, tmp_path):
+    corrupt = str(tmp_path / "corrupt")
+    write_deltalake(corrupt, rows((1, "a", 1)))
+    (Path(corrupt) / "_delta_log" / "00000000000000000000.json").write_text("{not json\n")
+    views = {
+        **VIEWS,
+        "typo": "CREATE VIEW typo AS\nSELECT k, vv FROM src",
+        "after_typo": "CREATE VIEW after_typo AS SELECT k FROM typo",
+        "unparsable": "CREATE VIEW unparsable AS SELEC k FROM src",
+        "from_missing": "CREATE VIEW from_missing AS SELECT k FROM gone",
+        "from_corrupt": "CREATE VIEW from_corrupt AS SELECT k FROM corrupt",
+    }
+    root = make_project(
+        views, {"src": src, "gone": str(tmp_path / "no_such_table"), "corrupt": corrupt}
+    )
+    engine = Engine(root, spark=spark)
+    report = engine.refresh()
+    by_view = {v.view: v for v in report.views}
+    assert not report.ok
+    assert by_view["big"].status == "built" and by_view["big_a"].status == "built"
+    assert_correct(engine)
+    assert by_view["typo"].status == "failed"
+    assert "typo.sql:2:11: unknown column 'vv'" in by_view["typo"].error
+    assert by_view["after_typo"].status == "skipped"
+    assert "waits for view 'typo'" in by_view["after_typo"].error
+    assert by_view["unparsable"].status == "failed"
+    assert "unparsable.sql: expected CREATE VIEW" in by_view["unparsable"].error
+    assert "source 'gone'" in by_view["from_missing"].error
+    assert "no Delta table" in by_view["from_missing"].error
+    assert "source 'corrupt'" in by_view["from_corrupt"].error
+    assert "Delta log" in by_view["from_corrupt"].error
+    assert "unknown column 'vv' in source src" in engine.status()["views"]["typo"]["error"]
+    # The good views keep refreshing while the others stay broken; asking only for a broken
+    # view is the error itself, with nothing written.
+    write_deltalake(src, rows((9, "a", 90)), mode="append")
+    report = Engine(root, spark=spark).refresh()
+    assert {v.view: v.status for v in report.views}["big_a"] == "refreshed"
+    assert_correct(Engine(root, spark=spark))
+    with pytest.raises(SqlError, match="unknown column 'vv'"):
+        Engine(root, spark=spark).refresh(["typo"])
+    # Fixed, the broken view is built at the current epoch, its dependent too.
+    (root / "views" / "typo.sql").write_text("CREATE VIEW typo AS SELECT k, v FROM src")
+    report = Engine(root, spark=spark).refresh(["typo", "after_typo"])
+    assert report.ok, [v.error for v in report.views]
+    assert_correct(Engine(root, spark=spark))

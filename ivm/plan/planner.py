@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
-from ivm.errors import ConfigError, SqlError
+from ivm.errors import ConfigError, IvmError, SourceError, SqlError, UpstreamBroken
 from ivm.plan.ir import Get, Join, Node, SemiJoin, collections, walk
 from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
 from ivm.plan.reduce import mark_monotonic, state_tables
@@ -108,9 +108,23 @@ class ProjectPlan:
     views: Mapping[str, ViewPlan]
     sources: Mapping[str, tuple[str, ...]]
     arrangements: Mapping[ArrangementKey, ArrangementPlan] = field(default_factory=dict)
+    broken: Mapping[str, IvmError] = field(default_factory=dict)
+    """Views that cannot be planned, with why: their own SQL is invalid, or they read a
+    source that cannot be opened or a view that is broken (:class:`UpstreamBroken`). The
+    others plan, and refresh, without them."""
 
     def arrangements_of(self, view: str) -> list[ArrangementPlan]:
         return [a for a in self.arrangements.values() if view in a.users]
+
+    def check(self) -> ProjectPlan:
+        """The plan itself when every view planned.
+
+        Raises:
+            IvmError: the error of the first broken view (by name).
+        """
+        for name in sorted(self.broken):
+            raise self.broken[name]
+        return self
 
     @property
     def order(self) -> tuple[str, ...]:
@@ -121,26 +135,37 @@ def plan_views(
     parsed: Sequence[ParsedView],
     source_columns: Mapping[str, Sequence[str]],
     append_only: Collection[str] = (),
+    *,
+    broken: Mapping[str, IvmError] | None = None,
+    broken_sources: Mapping[str, IvmError] | None = None,
 ) -> ProjectPlan:
-    """Plan every view of a project.
+    """Plan every view of a project; a view that cannot be planned is set aside, not fatal.
 
     Args:
         parsed: the parsed view files.
         source_columns: source name -> its column names.
         append_only: sources that only ever grow (``delta.appendOnly``): MIN/MAX and TopK
             over them need no tower.
+        broken: views already known to be broken (files that do not parse), by name.
+        broken_sources: sources that cannot be opened, with the error.
+
+    Returns:
+        The plan; views whose SQL is invalid or unsupported, or that read a broken source or
+        view, are in ``broken`` (with the error naming file, position and construct).
 
     Raises:
         ConfigError: two views share a name, or a view has a source's name.
-        SqlError: a view's SQL is invalid or unsupported, or views form a cycle.
+        SqlError: views form a cycle.
     """
+    failed: dict[str, IvmError] = dict(broken or {})
+    bad_sources = dict(broken_sources or {})
     by_name: dict[str, ParsedView] = {}
     for p in parsed:
         if p.name in by_name:
             raise ConfigError(
                 f"{p.file}: view {p.name!r} is already defined in {by_name[p.name].file}"
             )
-        if p.name in source_columns:
+        if p.name in source_columns or p.name in bad_sources:
             raise ConfigError(f"{p.file}: view {p.name!r} has the name of a source in ivm.toml")
         by_name[p.name] = p
     graph = {name: referenced_tables(p) & set(by_name) for name, p in by_name.items()}
@@ -155,13 +180,31 @@ def plan_views(
     plans: dict[str, ViewPlan] = {}
     for name in order:
         p = by_name[name]
-        root = mark_monotonic(lower_view(p, catalog), append_only)
+        reads = referenced_tables(p)
+        bad_view = next((v for v in sorted(reads) if v in failed), None)
+        bad_source = next((s for s in sorted(reads) if s in bad_sources), None)
+        if bad_view is not None:
+            failed[name] = UpstreamBroken(
+                f"{p.file}: view {name!r} waits for view {bad_view!r}, which is broken"
+            )
+            continue
+        if bad_source is not None:
+            failed[name] = SourceError(
+                f"{p.file}: view {name!r} reads source {bad_source!r}: {bad_sources[bad_source]}"
+            )
+            continue
+        try:
+            root = mark_monotonic(lower_view(p, catalog), append_only)
+        except IvmError as e:
+            failed[name] = e
+            continue
         plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
         catalog[name] = ("view", root.columns)
     return ProjectPlan(
         plans,
         {k: tuple(c.lower() for c in v) for k, v in source_columns.items()},
         _arrangements(plans, catalog),
+        failed,
     )
 
 
