@@ -120,9 +120,12 @@ class ProjectPlan:
         """The plan itself when every view planned.
 
         Raises:
-            IvmError: the error of the first broken view (by name).
+            IvmError: the error of the first broken view (by name), a view's own error
+                before one that only waits for a broken upstream.
         """
-        for name in sorted(self.broken):
+        for name in sorted(
+            self.broken, key=lambda n: (isinstance(self.broken[n], UpstreamBroken), n)
+        ):
             raise self.broken[name]
         return self
 
