@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from assets.views import EPOCH_KEY, source_key, view_key
+from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, source_key, view_key
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import REFRESH_JOB, VERIFY_JOB
 from ivm.engine import Engine
@@ -269,3 +269,49 @@ def test_instance_settings_serialize_lake_writes(project: Path) -> None:
         and any(k.path[0] in ("views", "arrangements", "ivm") for k in a.keys)
     ]
     assert len(writers) > 3 and all(a.op.pool == POOL for a in writers)
+
+
+def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> None:
+    defs = build_definitions(project)
+    instance = dg.DagsterInstance.ephemeral()
+    assert defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=instance).success
+    # One view, by its asset config (the launchpad of a UI backfill): rebuilt at a new epoch.
+    one = dg.define_asset_job("one", selection=[view_key("open_orders")])
+    defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[one]))
+    result = defs.resolve_job_def("one").execute_in_process(
+        instance=instance,
+        run_config={"ops": {"views__open_orders": {"config": {"full_refresh": True}}}},
+    )
+    (mat,) = result.asset_materializations_for_node("views__open_orders")
+    assert mat.metadata["status"].value == "rebuilt" and mat.metadata["epoch"].value == 2
+    assert mat.metadata["rows_changed"].value == 0  # same data: downstream receives nothing
+    # Every view of a run, by the run tag; then a broken view fails alone.
+    result = (
+        build_definitions(project)
+        .resolve_job_def(REFRESH_JOB)
+        .execute_in_process(instance=instance, tags={FULL_REFRESH_TAG: "true"})
+    )
+    mats = [
+        e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+    ]
+    views = {view_key(v) for v in VIEWS}
+    statuses = {m.asset_key: m.metadata["status"].value for m in mats if m.asset_key in views}
+    assert set(statuses.values()) == {"rebuilt"} and len(statuses) == len(VIEWS)
+    (project / "views" / "broken.sql").write_text("CREATE VIEW broken AS SELECT nope FROM orders")
+    orders = Engine(project).project.sources["orders"]
+    write_deltalake(orders, orders_table(range(40, 43)), mode="append")
+    result = (
+        build_definitions(project)
+        .resolve_job_def(REFRESH_JOB)
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == "views__broken"
+    assert (
+        "broken.sql:1:30: unknown column 'nope' in source orders"
+        in failure.step_failure_data.error.cause.message
+    )
+    assert len(result.asset_materializations_for_node("views__open_orders")) == 1
+    engine = Engine(project, spark=spark)
+    assert all(c.equal for c in compare_views(engine))
