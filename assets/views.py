@@ -73,7 +73,7 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
             "(lower, upper] whose changes the views consume next."
         ),
     )
-    def epoch(context: AssetExecutionContext) -> dg.MaterializeResult:
+    def epoch(context: AssetExecutionContext, pyspark: LazyPySparkResource) -> dg.MaterializeResult:
         engine = Engine(project, progress=context.log.info)
         rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
         if context.run.tags.get(FULL_REFRESH_TAG, "") == "true":
@@ -86,8 +86,16 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
         table = "\n".join(
             f"| {s} | {'-' if lo is None else lo} | {up} |" for s, (lo, up) in ranges.items()
         )
+        quarantined: dict[str, Any] = {}
+        if project.contracts:  # Spark only when some source has row checks
+            engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+            for q in engine.quarantine():
+                quarantined[f"quarantined {q.source}"] = q.rows
+                if q.example:
+                    quarantined[f"quarantined {q.source}: example"] = q.describe()
         return dg.MaterializeResult(
             metadata={
+                **quarantined,
                 "epoch": current,
                 "minted": record is not None,
                 "ranges": dg.MetadataValue.md(

@@ -167,8 +167,13 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
                     "minted": report.minted.epoch if report.minted else None,
                     "seconds": round(report.seconds, 3),
                     "views": {v.view: {**v.metadata(), "error": v.error} for v in report.views},
+                    "quarantined": {
+                        q.source: {"rows": q.rows, "table": q.table, "example": q.example}
+                        for q in report.quarantined
+                    },
                 },
                 indent=1,
+                default=str,
             )
         )
     else:
@@ -181,6 +186,9 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
                 f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  {v.seconds:>7.2f}  "
                 f"{v.status}{': ' + v.error if v.error else ''}"
             )
+        for q in report.quarantined:
+            if q.rows:
+                print(q.describe())
         print(f"total {report.seconds:.2f}s")
     return 0 if report.ok else 1
 

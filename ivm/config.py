@@ -28,7 +28,7 @@ CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_KEYS = {"lake", "views", "sources", "spark"}
+_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark"}
 
 
 def _is_uri(value: str) -> bool:
@@ -46,6 +46,8 @@ class Project:
         views_dir: folder of ``*.sql`` files.
         sources: source name -> Delta table path or URI, in file order.
         spark_conf: extra Spark settings from the optional ``[spark]`` table.
+        contracts: source name -> ``file.py:Name`` of the pandera schema declared for it
+            (optional ``[contracts]`` table; see ``resources.contracts``).
     """
 
     root: Path
@@ -54,6 +56,7 @@ class Project:
     views_dir: Path
     sources: dict[str, str]
     spark_conf: dict[str, str] = field(default_factory=dict)
+    contracts: dict[str, str] = field(default_factory=dict)
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -116,6 +119,16 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         if not isinstance(value, str):
             raise ConfigError(f"{file}: source {name!r} must be a path string")
         sources[name.lower()] = _resolve(root, value)
+    raw_contracts = data.get("contracts", {})
+    if not isinstance(raw_contracts, dict):
+        raise ConfigError(f'{file}: [contracts] must be a table of source = "file.py:Schema"')
+    contracts: dict[str, str] = {}
+    for name, value in raw_contracts.items():
+        if name.lower() not in sources:
+            raise ConfigError(f"{file}: [contracts] names {name!r}, which is not a source")
+        if not isinstance(value, str):
+            raise ConfigError(f'{file}: contract of {name!r} must be "file.py:Schema"')
+        contracts[name.lower()] = value
     spark_conf = data.get("spark", {})
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
@@ -126,4 +139,5 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         views_dir=views_dir,
         sources=sources,
         spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+        contracts=contracts,
     )

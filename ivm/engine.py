@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from ivm.config import Project, load_project
 from ivm.errors import (
+    ConfigError,
     InvariantViolation,
     IvmError,
     SourceError,
@@ -42,6 +43,7 @@ from ivm.plan.join import ArrangementKey
 from ivm.plan.planner import ProjectPlan, ViewPlan, plan_views
 from ivm.plan.reduce import state_tables
 from ivm.sql.parse import parse_view_file
+from resources.contracts import Contract
 from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
@@ -105,12 +107,33 @@ class ViewResult:
 
 
 @dataclass
+class QuarantineResult:
+    """Rows of a source's new updates that broke its contract, set aside at an epoch."""
+
+    source: str
+    epoch: int
+    rows: int
+    table: str
+    example: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        if not self.rows:
+            return f"source {self.source}: every new row meets its contract"
+        example = ", ".join(f"{k}={v!r}" for k, v in (self.example or {}).items())
+        return (
+            f"source {self.source}: {self.rows} updates quarantined at epoch {self.epoch} in "
+            f"{self.table} (e.g. {example})"
+        )
+
+
+@dataclass
 class RefreshReport:
     """What one ``refresh`` did: the epoch minted (if any) and every view's result."""
 
     minted: EpochRecord | None
     views: list[ViewResult]
     seconds: float
+    quarantined: list[QuarantineResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -181,6 +204,7 @@ class Engine:
         self._spark = spark
         self.progress: Progress = progress or (lambda msg: log.info(msg))
         self.measure_lookups = measure_lookups
+        self._contracts: dict[str, Contract] = {}
         self._repairing: set[str] = set()
         """Views being repaired: their diff log, not their table, is the stored truth, and
         the table is rewritten from the log."""
@@ -188,17 +212,36 @@ class Engine:
     # -- planning (no Spark) ------------------------------------------------------------------
 
     @cached_property
-    def _opened_sources(self) -> tuple[dict[str, SourceTable], dict[str, SourceError]]:
+    def _opened_sources(self) -> tuple[dict[str, SourceTable], dict[str, IvmError]]:
         good: dict[str, SourceTable] = {}
-        bad: dict[str, SourceError] = {}
+        bad: dict[str, IvmError] = {}
         for name, uri in self.project.sources.items():
             try:
                 source = SourceTable(name, uri)
                 source.check()
+                contract = self._contract(name)
+                if contract is not None:
+                    contract.check_schema(source.arrow_schema())
                 good[name] = source
-            except SourceError as e:
+            except (SourceError, ConfigError) as e:
                 bad[name] = e
         return good, bad
+
+    def _contract(self, source: str) -> Contract | None:
+        """The pandera schema declared for ``source`` in ``[contracts]``, or None."""
+        ref = self.project.contracts.get(source)
+        if ref is None:
+            return None
+        if source not in self._contracts:
+            from resources.contracts import load_contract
+
+            self._contracts[source] = load_contract(self.project.root, source, ref)
+        return self._contracts[source]
+
+    def contract_predicate(self, source: str, dialect: str = "spark") -> str | None:
+        """The SQL predicate a source's valid rows satisfy (None: no contract or no row check)."""
+        contract = self._contract(source)
+        return None if contract is None else contract.predicate_sql(dialect)
 
     @property
     def sources(self) -> dict[str, SourceTable]:
@@ -206,7 +249,7 @@ class Engine:
         return self._opened_sources[0]
 
     @property
-    def broken_sources(self) -> dict[str, SourceError]:
+    def broken_sources(self) -> dict[str, IvmError]:
         """Sources that cannot be opened (missing, corrupt log, unreadable), with why."""
         return self._opened_sources[1]
 
@@ -396,6 +439,7 @@ class Engine:
             asked = {self.view(v).name for v in (rebuild or [])}
         needs = {n for n in names if n in asked or self.rebuild_reason(n)}
         minted = self.mint_epoch(force=bool(needs)) if mint else None
+        quarantined = self.quarantine()
         selected = set(names)
         results: list[ViewResult] = []
         broken: dict[str, str] = {}
@@ -421,7 +465,75 @@ class Engine:
             status = "skipped" if isinstance(error, UpstreamBroken) else "failed"
             results.append(ViewResult(name, 0, 0, status=status, error=str(error)))
             self.progress(f"{name}: {status.upper()}: {error}")
-        return RefreshReport(minted, results, time.perf_counter() - started)
+        return RefreshReport(minted, results, time.perf_counter() - started, quarantined)
+
+    def quarantine_uri(self, source: str) -> str:
+        """Where a source's rows that break its contract are kept: ``quarantine/<source>``."""
+        return f"{self.layout.root}/quarantine/{source}"
+
+    def quarantine(self) -> list[QuarantineResult]:
+        """Set aside, up to the latest epoch, the updates of each source that break its
+        contract: appended to ``quarantine/<source>`` (the source's columns, ``_violations``
+        naming the failed checks, ``_time``, ``_diff``) once per epoch (txn), so a rerun adds
+        nothing. Views never read these rows (see :meth:`_collection_updates`).
+        """
+        from pyspark.sql import functions as F
+
+        from ops import DIFF, TIME
+        from ops.sink import append_updates
+
+        out = []
+        target = self.latest_epoch()
+        for name in self.sources:
+            contract = self._contract(name)
+            valid = self.contract_predicate(name)
+            if contract is None or valid is None:
+                continue
+            uri = self.quarantine_uri(name)
+            done = self.table_epoch(uri)
+            if done >= target:
+                continue
+            started = time.perf_counter()
+            anew = done > 0 and self._quarantine_schema(uri) != self._source_types(
+                name, self.sources[name].column_names()
+            )
+            if anew:  # the source's schema changed: keep its invalid rows as of now
+                self.progress(f"source {name}: schema changed; the quarantine starts anew")
+                done = 0
+            bad = self._source_updates(name, done, target).where(f"NOT ({valid})")
+            bad = bad.withColumn("_violations", F.expr(contract.reasons_sql("spark")))
+            cols = [c for c in bad.columns if c not in (TIME, DIFF)]
+            bad = bad.select(*cols, TIME, DIFF).coalesce(1)
+            commit = append_updates(
+                bad,
+                uri,
+                app_id=self.app_id(uri),
+                epoch=target,
+                metadata={"ivm.quarantine": name},
+                description=f"ivm quarantine: updates of source {name} that break its contract",
+                overwrite=anew,
+            )
+            result = QuarantineResult(name, target, commit.rows, uri)
+            if commit.rows:
+                dt = open_table(uri)
+                first = (
+                    dt.to_pyarrow_table(filters=[(TIME, "=", target)]).slice(0, 1) if dt else None
+                )
+                result.example = (
+                    first.to_pylist()[0] if first is not None and first.num_rows else None
+                )
+            out.append(result)
+            self.progress(f"{result.describe()} ({time.perf_counter() - started:.2f}s)")
+        return out
+
+    def _quarantine_schema(self, uri: str) -> dict[str, str]:
+        from resources.contracts import spark_type_name
+
+        return {
+            f.name: spark_type_name(f.type)
+            for f in self.table_schema(uri)
+            if f.name not in ("_violations", "_time", "_diff")
+        }
 
     def target_epoch(self, view: ViewPlan) -> int:
         """The newest epoch a view can reach: the latest epoch, bounded by its input views."""
@@ -432,12 +544,35 @@ class Engine:
 
     def _definition(self, plan: ViewPlan) -> dict[str, str]:
         """What a view's commits record about the definition they were computed with."""
-        inputs = {u: self.plan.views[u].sql_hash for u in plan.view_inputs}
+        inputs = {u: self._upstream_identity(u) for u in plan.view_inputs}
         return {
             "ivm.view": plan.name,
             "ivm.sql_hash": plan.sql_hash,
             "ivm.inputs": json.dumps(inputs, sort_keys=True),
+            "ivm.contracts": json.dumps(self._contract_hashes(plan), sort_keys=True),
+            "ivm.input_types": json.dumps(self._input_types(plan), sort_keys=True),
         }
+
+    def _upstream_identity(self, view: str) -> str:
+        """``sql_hash@log_start`` of an upstream view: a downstream view computed from
+        another definition, or from a history that has since started anew, is rebuilt."""
+        return f"{self.plan.views[view].sql_hash}@{self._log_start(self.layout.view_log(view))}"
+
+    def _contract_hashes(self, plan: ViewPlan) -> dict[str, str]:
+        """Per source the view reads under a contract, a hash of the rows' predicate."""
+        return self._contract_hashes_of(plan.source_inputs)
+
+    def _contract_hashes_of(self, collections: Iterable[str]) -> dict[str, str]:
+        import hashlib
+
+        out = {}
+        for source in collections:
+            if source not in self.sources:
+                continue
+            valid = self.contract_predicate(source)
+            if valid is not None:
+                out[source] = hashlib.sha256(valid.encode()).hexdigest()[:16]
+        return out
 
     def _stale_definition(self, uri: str, plan: ViewPlan) -> str | None:
         """Why the table at ``uri`` was computed with another definition, or None."""
@@ -448,9 +583,48 @@ class Engine:
             return "its SQL changed"
         recorded = json.loads(info.get("ivm.inputs", "{}"))
         for upstream in plan.view_inputs:
-            if recorded.get(upstream) != self.plan.views[upstream].sql_hash:
+            was_hash, _, was_start = str(recorded.get(upstream)).partition("@")
+            now_hash, _, now_start = self._upstream_identity(upstream).partition("@")
+            if was_hash != now_hash:
                 return f"upstream view {upstream!r} was redefined"
+            if was_start and was_start != now_start:
+                return (
+                    f"upstream view {upstream!r} started its history anew at epoch {now_start} "
+                    "(its columns changed)"
+                )
+        contracts = json.loads(info.get("ivm.contracts", "{}"))
+        current = self._contract_hashes(plan)
+        for source in sorted(set(contracts) | set(current)):
+            if contracts.get(source) != current.get(source):
+                return f"the row checks of source {source!r}'s contract changed"
+        types = json.loads(info.get("ivm.input_types", "{}"))
+        for source, now in self._input_types(plan).items():
+            for column, was in types.get(source, {}).items():
+                if column in now and now[column] != was:
+                    return (
+                        f"source {source!r} column {column!r} changed type from {was} to "
+                        f"{now[column]}"
+                    )
         return None
+
+    def _source_types(self, source: str, columns: Iterable[str]) -> dict[str, str]:
+        """Current Spark type names of some columns of a source."""
+        from resources.contracts import spark_type_name
+
+        schema = {f.name.lower(): f.type for f in self.sources[source].arrow_schema()}
+        return {c: spark_type_name(schema[c]) for c in columns if c in schema}
+
+    def _input_types(self, plan: ViewPlan) -> dict[str, dict[str, str]]:
+        """The types of the source columns a view reads (its own and its arrangements'):
+        when one changes, the view is rebuilt rather than fed updates of another type."""
+        columns: dict[str, set[str]] = {}
+        for get in plan.gets:
+            if get.kind == "source":
+                columns.setdefault(get.collection, set()).update(get.columns)
+        for arrangement in self.plan.arrangements_of(plan.name):
+            if arrangement.key.collection in self.sources:
+                columns.setdefault(arrangement.key.collection, set()).update(arrangement.columns)
+        return {s: self._source_types(s, sorted(cols)) for s, cols in columns.items()}
 
     def rebuild_reason(self, name: str) -> str | None:
         """Why a view must be rebuilt before it can continue incrementally, or None."""
@@ -601,7 +775,7 @@ class Engine:
     def _collection_updates(self, coll: str, done: int, target: int):
         """A source's or view's updates in ``(done, target]``; its snapshot at ``target``
         (as updates at ``target``) when ``done`` is 0."""
-        from ops.ingest import source_changes_once, source_snapshot, view_changes, view_state
+        from ops.ingest import view_changes, view_state
 
         spark = self.spark
         if coll in self.plan.views:
@@ -618,16 +792,24 @@ class Engine:
                     self.table_epoch(up_table),
                 )
             return view_changes(spark, up_log, log_schema, done, target)[0]
+        df = self._source_updates(coll, done, target)
+        valid = self.contract_predicate(coll)
+        return df if valid is None else df.where(valid)
+
+    def _source_updates(self, coll: str, done: int, target: int):
+        """A source's updates in ``(done, target]`` as its table has them (no contract)."""
+        from ops.ingest import source_changes_once, source_snapshot
+
         epochs = self._epoch_map()
         source = self.sources[coll]
         if done == 0:
-            return source_snapshot(spark, source, epochs[target].ranges[coll][1], target)
+            return source_snapshot(self.spark, source, epochs[target].ranges[coll][1], target)
         parts = []
         for e in range(done + 1, target + 1):
             rng = epochs[e].ranges.get(coll)
             if rng is None:
                 raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
-            parts.append(source_changes_once(spark, source, rng[0], rng[1], e))
+            parts.append(source_changes_once(self.spark, source, rng[0], rng[1], e))
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
@@ -745,12 +927,27 @@ class Engine:
         if target == 0 or done >= target:
             return None
         info = last_commit_metadata(uri, "ivm.columns")
-        rebuild = info is None or json.loads(info["ivm.columns"]) != list(aplan.columns)
+        contract = json.dumps(self._contract_hashes_of([key.collection]))
+        types = json.dumps(
+            self._source_types(key.collection, aplan.columns)
+            if key.collection in self.sources
+            else {},
+            sort_keys=True,
+        )
+        retyped = info is not None and info.get("ivm.types", types) != types
+        rebuild = (
+            info is None
+            or json.loads(info["ivm.columns"]) != list(aplan.columns)
+            or info.get("ivm.contract", "{}") != contract
+            or retyped
+        )
         _ = self.spark  # Column expressions need a live session (the CLI starts it lazily)
         cols = [F.col(f"`{c}`") for c in aplan.columns]
         if rebuild:
             readers = [self.table_epoch(self.layout.view_log(v)) for v in aplan.users]
-            since = min([r for r in readers if r > 0] + [target])
+            # Retyped columns: every reader is rebuilt from snapshots (see _input_types), so
+            # none reads before ``target``, and older updates would have the old types.
+            since = target if retyped else min([r for r in readers if r > 0] + [target])
             updates = self._collection_updates(key.collection, 0, since)
             if since < target:
                 updates = updates.unionByName(
@@ -771,6 +968,8 @@ class Engine:
                 "ivm.arrangement": key.name,
                 "ivm.columns": json.dumps(list(aplan.columns)),
                 "ivm.since": str(since),
+                "ivm.contract": contract,
+                "ivm.types": types,
             },
             overwrite=rebuild and done > 0,
             rows_hint=self._rows_hint(key.collection) if rebuild else None,

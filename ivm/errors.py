@@ -80,6 +80,10 @@ class SourceNotFoundError(SourceError, FileNotFoundError):
     """A configured source path holds no Delta table."""
 
 
+class ContractError(SourceError):
+    """A source's schema differs from the pandera schema declared for it in ``[contracts]``."""
+
+
 class ChangeFeedError(SourceError):
     """The change feed of a source cannot give the updates of a version range."""
 

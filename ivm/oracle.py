@@ -84,7 +84,9 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
                 raise IvmError(f"source {name!r}: no table at {source.uri}")
             table = dt.to_pyarrow_table()
             con.register(f"__src_{name}", table)
-            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "__src_{name}"')
+            valid = engine.contract_predicate(name, "duckdb")  # a contract's valid rows
+            where = f" WHERE {valid}" if valid else ""
+            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "__src_{name}"{where}')
         out: dict[str, pa.Table] = {}
         for name, view in engine.plan.views.items():
             from ivm.sql.parse import parse_view
