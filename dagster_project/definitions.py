@@ -2,7 +2,8 @@
 
 Loads the project named by ``$IVM_PROJECT`` (an ``ivm.toml`` or its directory; default: the
 demo project the README's demo command creates) and returns its Definitions: assets, the
-refresh and verify jobs, one from-scratch check per view, the source sensor, the schedule, and the Spark resource built from the same
+refresh, verify and compact jobs, one from-scratch check per view, the source sensor, the
+schedules, and the Spark resource built from the same
 settings ``ivm refresh`` uses, so both run identical engine code.
 """
 
@@ -15,8 +16,8 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from assets.views import build_asset_checks, build_assets
-from dagster_project.jobs import refresh_job, verify_job
-from dagster_project.schedules import refresh_schedule
+from dagster_project.jobs import compact_job, refresh_job, verify_job
+from dagster_project.schedules import compact_schedule, refresh_schedule
 from dagster_project.sensors import source_sensor
 from ivm.config import CONFIG_ENV, load_project
 from ivm.errors import ConfigError
@@ -29,12 +30,13 @@ def build_definitions(project_path: str | os.PathLike[str]) -> dg.Definitions:
     """Definitions for one project."""
     project = load_project(project_path)
     job = refresh_job()
+    compact = compact_job(project)
     return dg.Definitions(
         assets=build_assets(project),
         asset_checks=build_asset_checks(project),
-        jobs=[job, verify_job()],
+        jobs=[job, verify_job(), compact],
         sensors=[source_sensor(project, job)],
-        schedules=[refresh_schedule(job)],
+        schedules=[refresh_schedule(job), compact_schedule(compact)],
         resources={"pyspark": LazyPySparkResource(spark_config=spark_conf(project.spark_conf))},
     )
 

@@ -1,4 +1,5 @@
-"""The refresh schedule (cron from ``IVM_REFRESH_CRON``, default hourly; stopped by default)."""
+"""Schedules (stopped by default): refresh (cron from ``IVM_REFRESH_CRON``, default hourly) and
+compaction (``IVM_COMPACT_CRON``, default daily at 03:00)."""
 
 from __future__ import annotations
 
@@ -16,4 +17,14 @@ def refresh_schedule(job: dg.UnresolvedAssetJobDefinition) -> dg.ScheduleDefinit
         cron_schedule=os.environ.get("IVM_REFRESH_CRON", DEFAULT_CRON),
         default_status=dg.DefaultScheduleStatus.STOPPED,
         description="Refreshes all views on a cron schedule.",
+    )
+
+
+def compact_schedule(job: dg.JobDefinition) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name="ivm_compact_schedule",
+        job=job,
+        cron_schedule=os.environ.get("IVM_COMPACT_CRON", "0 3 * * *"),
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description="Compacts the lake (ivm compact) once a day.",
     )

@@ -138,7 +138,58 @@ def _parser() -> argparse.ArgumentParser:
     vac.add_argument(
         "--hours", type=float, default=168.0, help="keep files of versions this recent (168)"
     )
+    co = sub.add_parser(
+        "compact",
+        help="advance every table's since (consolidate old updates), optimize, vacuum; report "
+        "rows and bytes before and after, and stored bytes per row against raw Parquet",
+    )
+    co.add_argument(
+        "--hours", type=float, default=168.0, help="vacuum keeps files of versions this recent"
+    )
+    co.add_argument("--json", action="store_true")
     return p
+
+
+def _compact(engine: Any, args: argparse.Namespace) -> int:
+    from ivm.compact import compact, storage_report
+
+    report = compact(engine, retention_hours=args.hours)
+    storage = storage_report(engine)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "tables": [t.as_dict() for t in report.tables],
+                    "totals": report.totals(),
+                    "files_vacuumed": report.files_vacuumed,
+                    "seconds": round(report.seconds, 3),
+                    "storage": storage,
+                },
+                indent=1,
+            )
+        )
+        return 0
+    rows = [
+        {
+            "table": t.table,
+            "since": "-" if t.since_after is None else f"{t.since_before or 0} -> {t.since_after}",
+            "rows": f"{t.rows_before} -> {t.rows_after}",
+            "bytes": f"{t.bytes_before} -> {t.bytes_after}",
+            "files": f"{t.files_before} -> {t.files_after}",
+            "note": t.skipped or "",
+        }
+        for t in report.tables
+    ]
+    sys.stdout.write(format_rows(pa.Table.from_pylist(rows), "table"))
+    tot = report.totals()
+    print(
+        f"total: rows {tot['rows_before']} -> {tot['rows_after']}, bytes {tot['bytes_before']} "
+        f"-> {tot['bytes_after']}, files {tot['files_before']} -> {tot['files_after']}; "
+        f"{report.files_vacuumed} files vacuumed ({report.seconds:.1f}s)"
+    )
+    print("stored bytes per row against the raw Parquet bytes of the same columns:")
+    sys.stdout.write(format_rows(pa.Table.from_pylist(storage), "table"))
+    return 0
 
 
 def _verify(engine: Any, args: argparse.Namespace) -> int:
@@ -250,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ivm.engine import Engine
 
     try:
-        show_progress = args.command in ("refresh",) and not args.quiet or args.verbose
+        show_progress = args.command in ("refresh", "compact") and not args.quiet or args.verbose
         progress = (lambda m: print(m, file=sys.stderr, flush=True)) if show_progress else None
         engine = Engine(args.project, progress=progress)
         if args.command == "refresh":
@@ -268,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _arrangements(engine, args)
         if args.command == "verify":
             return _verify(engine, args)
+        if args.command == "compact":
+            return _compact(engine, args)
         if args.command == "vacuum":
             deleted = engine.vacuum(args.hours)
             for table, n in deleted.items():

@@ -83,26 +83,35 @@ def write_updates(
     rows_hint: int | None = None,
 ) -> CommitResult:
     """Append (or, ``overwrite``, start anew with) consolidated updates sorted by ``key``."""
-    cols = [F.col(f"`{c}`") for c in key]
-    n_files = max(1, math.ceil((rows_hint or 0) / ROWS_PER_FILE))
-    if n_files > 1:
-        updates = updates.repartitionByRange(n_files, *cols)
-    else:
-        updates = updates.coalesce(1)
     return append_updates(
-        updates.sortWithinPartitions(*cols, TIME),
+        sorted_by(updates, key, rows_hint),
         uri,
         app_id=app_id,
         epoch=epoch,
         metadata=metadata,
         overwrite=overwrite,
         description=f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)",
-        parquet_options={
-            "parquet.block.size": ROW_GROUP_BYTES,
-            "parquet.page.row.count.limit": PAGE_ROWS,
-            "parquet.page.size": 64 * 1024,
-        },
+        parquet_options=PARQUET_OPTIONS,
     )
+
+
+PARQUET_OPTIONS: Mapping[str, object] = {
+    "parquet.block.size": ROW_GROUP_BYTES,
+    "parquet.page.row.count.limit": PAGE_ROWS,
+    "parquet.page.size": 64 * 1024,
+}
+"""How arrangement files are written: small pages, so a key lookup reads few rows."""
+
+
+def sorted_by(updates: DataFrame, key: Sequence[str], rows_hint: int | None) -> DataFrame:
+    """``updates`` laid out as arrangement files: ranges of ``key``, sorted within each."""
+    cols = [F.col(f"`{c}`") for c in key]
+    n_files = max(1, math.ceil((rows_hint or 0) / ROWS_PER_FILE))
+    if n_files > 1:
+        updates = updates.repartitionByRange(n_files, *cols)
+    else:
+        updates = updates.coalesce(1)
+    return updates.sortWithinPartitions(*cols, TIME)
 
 
 def lookup(

@@ -33,6 +33,7 @@ from ops.ingest import read_files
 from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
+    StagedFiles,
     collect_staged,
     commit_files,
     remove_action,
@@ -66,6 +67,25 @@ def same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     return norm(a) == norm(b)
 
 
+def stage_updates(
+    updates: DataFrame,
+    table_uri: str,
+    epoch: int,
+    label: str,
+    parquet_options: Mapping[str, object] | None = None,
+) -> StagedFiles:
+    """Have Spark's executors write ``updates`` as Parquet files into a fresh staging folder
+    under the table (nothing passes through the driver), then list them with their stats.
+    Nothing is committed: files of a commit that never happens are left for vacuum."""
+    staged_uri = staging_uri(table_uri, epoch, label)
+    writer = updates.write.mode("errorifexists")
+    for option, value in (parquet_options or {}).items():
+        writer = writer.option(option, value)
+    writer.parquet(staged_uri)
+    crash_point("staged")
+    return collect_staged(table_uri, staged_uri)
+
+
 def append_updates(
     updates: DataFrame,
     log_uri: str,
@@ -86,13 +106,7 @@ def append_updates(
     The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
-    staged_uri = staging_uri(log_uri, epoch, "updates")
-    writer = updates.write.mode("errorifexists")
-    for option, value in (parquet_options or {}).items():
-        writer = writer.option(option, value)
-    writer.parquet(staged_uri)
-    crash_point("staged")
-    staged = collect_staged(log_uri, staged_uri)
+    staged = stage_updates(updates, log_uri, epoch, "updates", parquet_options)
     result = commit_files(
         log_uri,
         app_id=app_id,
@@ -238,9 +252,7 @@ def apply_to_table(
             rows_out = rows_out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
         elif columns:
             rows_out = rows_out.coalesce(1).sortWithinPartitions(*cols)
-        staged_uri = staging_uri(table_uri, epoch, "rows")
-        rows_out.write.mode("errorifexists").parquet(staged_uri)
-        staged = collect_staged(table_uri, staged_uri)
+        staged = stage_updates(rows_out, table_uri, epoch, "rows")
         existing_rows = sum(f.num_records or 0 for f in candidates)
         if staged.rows != total_rows:
             raise InvariantViolation(

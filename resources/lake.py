@@ -615,6 +615,49 @@ def commit_files(
     return result
 
 
+def replace_files(
+    table_uri: str,
+    *,
+    app_id: str,
+    expected_version: int,
+    schema: pa.Schema,
+    adds: Sequence[AddAction],
+    metadata: Mapping[str, str],
+) -> CommitResult | None:
+    """Replace every file of a table by ``adds`` in one commit (compaction), provided nothing
+    was committed since ``expected_version``, the version the new files were computed from.
+
+    The commit restates the table's app transaction (same epoch), so its epoch is unchanged.
+
+    Returns:
+        The commit, or None when another writer committed in between (the caller's files
+        stay uncommitted, for vacuum; the table is as it was).
+    """
+    started = time.perf_counter()
+    with table_lock(table_uri):
+        dt = open_table(table_uri)
+        if dt is None or dt.version() != expected_version:
+            return None
+        epoch = dt.transaction_version(app_id) or 0
+        props = CommitProperties(
+            custom_metadata=dict(metadata), app_transactions=[Transaction(app_id, epoch)]
+        )
+        try:
+            dt.create_write_transaction(
+                list(adds), mode="overwrite", schema=schema, commit_properties=props
+            )
+        except CommitFailedError:
+            return None
+        except DeltaError as e:
+            raise LakeError(f"{table_uri}: compaction commit failed: {e}") from e
+        result = CommitResult(
+            table_uri, epoch, committed=True, version=DeltaTable(table_uri).version()
+        )
+    result.files_added = len(adds)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
 def remove_action(table_uri: str, f: DataFile) -> RemoveAction:
     """A RemoveAction for one of a table's files."""
     rel = os.path.relpath(local_path(f.uri), local_path(table_uri))

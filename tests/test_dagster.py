@@ -20,7 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, source_key, view_key
 from dagster_project.definitions import build_definitions
-from dagster_project.jobs import REFRESH_JOB, VERIFY_JOB
+from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
 from ivm.engine import Engine
 from ivm.errors import ConfigError
 from ivm.oracle import compare_views
@@ -186,6 +186,16 @@ def test_refresh_job_materializes_views(project: Path, spark) -> None:
     evaluations = checked.get_asset_check_evaluations()
     assert {e.asset_key for e in evaluations} == {view_key(v) for v in Engine(project).plan.order}
     assert all(e.passed for e in evaluations), [e.description for e in evaluations]
+    # The maintenance job compacts the lake; the views stay as they were.
+    compacted = defs.resolve_job_def(COMPACT_JOB).execute_in_process(
+        instance=instance, run_config={"ops": {"compact_lake": {"config": {"retention_hours": 0}}}}
+    )
+    assert compacted.success
+    (output,) = [e for e in compacted.all_events if e.event_type_value == "STEP_OUTPUT"]
+    meta = output.event_specific_data.metadata
+    assert meta["files_after"].value < meta["files_before"].value
+    assert "arrangement" in meta["storage"].value
+    assert all(c.equal for c in compare_views(Engine(project, spark=spark)))
 
 
 def _free_port() -> int:
