@@ -78,3 +78,59 @@ def _referenced(engine: Engine, path) -> bool:
         if str(path).startswith(uri + "/"):
             return str(path) in set(open_table(uri).file_uris())
     return True
+
+
+DAGSTER_RUN = """
+import os, sys
+import dagster as dg
+from dagster_project.definitions import build_definitions
+from dagster_project.jobs import REFRESH_JOB
+
+result = build_definitions(sys.argv[1]).resolve_job_def(REFRESH_JOB).execute_in_process(
+    instance=dg.DagsterInstance.get(), raise_on_error=False
+)
+print("success" if result.success else "failure", flush=True)
+os._exit(0)
+"""
+
+
+def test_dagster_run_killed_before_recording_materializations(spark, make_project, tmp_path):
+    """Killed after a view's commits, before Dagster records its materialization: the next
+    run records it (the view is up to date at that epoch) and applies nothing twice."""
+    import dagster as dg
+
+    from assets.views import view_key
+
+    lake = JoinLake(tmp_path / "data", 9)
+    root = make_project(VIEWS, lake.create(), extra='[spark]\n"spark.master" = "local[1]"')
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", DAGSTER_RUN, str(root)],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    killed = run(**{ENV: "before_materialization"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    engine = Engine(root, spark=spark)
+    # Exactly one view committed epoch 1 (then the process died); Dagster has no record of it.
+    (first,) = [v for v in VIEWS if engine.table_epoch(engine.layout.view_table(v)) == 1]
+    instance = dg.DagsterInstance.from_config(str(home))
+    assert instance.get_latest_materialization_event(view_key(first)) is None
+    rerun = run()
+    assert rerun.stdout.strip().endswith("success"), rerun.stderr[-2000:]
+    instance = dg.DagsterInstance.from_config(str(home))
+    for view in VIEWS:
+        event = instance.get_latest_materialization_event(view_key(view))
+        assert event is not None, view
+        meta = event.asset_materialization.metadata
+        assert meta["epoch"].value == 1
+        assert meta["status"].value == ("up-to-date" if view == first else "built"), view
+        assert len(open_table(engine.layout.view_log(view)).history()) == 1, view
+    check_all(Engine(root, spark=spark))
