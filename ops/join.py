@@ -31,7 +31,7 @@ from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
 from ops import DIFF, TIME
-from ops.reduce import StateStore
+from ops.reduce import StateStore, materialize
 from ops.stateless import spark_sql
 
 Lookup = Callable[[LookupStage, DataFrame, int], DataFrame]
@@ -163,6 +163,10 @@ def render_join_delta(
             state = lookup(stage, keys, new if stage.as_of == "new" else old)
             right = prepare(join.inputs[stage.input], state.withColumn(TIME, F.lit(new)))
             stream = _join_stage(stream, right, stage)
+            if stage is not path.stages[-1]:
+                # The next lookup collects this stream's keys, and the view's updates read
+                # it again: compute it (and the lookup scans behind it) once.
+                stream = materialize(stream)
         parts.append(_ordered(stream, join))
     for side in join.preserve:
         pairs = _key_pairs(join, side)
