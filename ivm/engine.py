@@ -83,6 +83,7 @@ class ViewResult:
     files_rewritten: int = 0
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
+    inputs_changed: bool = True  # False: nothing it reads changed; only its epoch moved
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata (for Dagster and JSON output)."""
@@ -94,6 +95,7 @@ class ViewResult:
             "rows_deleted": self.deleted,
             "seconds": round(self.seconds, 3),
             "status": self.status,
+            "inputs_changed": self.inputs_changed,
             "files_rewritten": self.files_rewritten,
             "log_files_read": self.log_files_read,
             **{f"delta_version_{k}": v for k, v in self.commit_versions.items()},
@@ -648,7 +650,9 @@ class Engine:
         Raises:
             IvmError: a rebuild is due but no epoch is newer than the view's (mint one).
         """
-        from ops.sink import append_updates, apply_to_table
+        from ops.ingest import log_files_between
+        from ops.sink import TableChange, append_updates, apply_to_table
+        from resources.lake import commit_files
 
         plan = self.view(name)
         started = time.perf_counter()
@@ -674,10 +678,15 @@ class Engine:
         if log_done < target:
             t0 = time.perf_counter()
             overwrite = False
+            quiet = not reason and log_done > 0 and self._inputs_unchanged(plan, log_done, target)
             if reason and log_done > 0:
                 self.progress(f"{name}: rebuilding at epoch {target} ({reason})")
                 updates, overwrite = self._rebuild_updates(plan, log_done, target)
                 result.status = "rebuilt"
+            elif quiet:  # nothing it reads changed: no update, no Spark, only the epoch
+                updates = None
+                result.status = "refreshed"
+                result.inputs_changed = False
             else:
                 lookups: dict = {}
                 updates = self._view_updates(plan, log_done, target, lookups)
@@ -685,32 +694,56 @@ class Engine:
                 result.status = "built" if log_done == 0 else "refreshed"
             if overwrite or log_done == 0:
                 log_start = target
-            commit = append_updates(
-                updates,
-                log_uri,
-                app_id=self.app_id(log_uri),
-                epoch=target,
-                metadata={**meta, LOG_START: str(log_start)},
-                overwrite=overwrite,
-            )
+            if updates is None:
+                commit = commit_files(
+                    log_uri,
+                    app_id=self.app_id(log_uri),
+                    epoch=target,
+                    schema=self.table_schema(log_uri),
+                    metadata={**meta, LOG_START: str(log_start)},
+                )
+            else:
+                commit = append_updates(
+                    updates,
+                    log_uri,
+                    app_id=self.app_id(log_uri),
+                    epoch=target,
+                    metadata={**meta, LOG_START: str(log_start)},
+                    overwrite=overwrite,
+                )
             crash_point("log_committed")
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
         # A log that started anew after the table's epoch (new columns) rewrites the table.
         table_stale = 0 < table_done < log_start or (name in self._repairing and table_done > 0)
-        net, files = self._net_change(plan, -1 if table_stale else table_done, target)
-        result.log_files_read = files
-        change = apply_to_table(
-            self.spark,
-            net,
-            table_uri,
-            app_id=self.app_id(table_uri),
-            epoch=target,
-            metadata=meta,
-            label=name,
-            overwrite=table_stale,
-        )
+        if (
+            table_done > 0
+            and not table_stale
+            and not log_files_between(log_uri, table_done, target)
+        ):
+            # The log holds no update after the table's epoch: the table only moves its epoch.
+            commit = commit_files(
+                table_uri,
+                app_id=self.app_id(table_uri),
+                epoch=target,
+                schema=self.table_schema(table_uri),
+                metadata=meta,
+            )
+            change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
+        else:
+            net, files = self._net_change(plan, -1 if table_stale else table_done, target)
+            result.log_files_read = files
+            change = apply_to_table(
+                self.spark,
+                net,
+                table_uri,
+                app_id=self.app_id(table_uri),
+                epoch=target,
+                metadata=meta,
+                label=name,
+                overwrite=table_stale,
+            )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0
         result.commit_versions["table"] = change.commit.version
@@ -723,6 +756,21 @@ class Engine:
             f"({result.seconds:.2f}s)"
         )
         return result
+
+    def _inputs_unchanged(self, plan: ViewPlan, done: int, target: int) -> bool:
+        """Whether nothing a view reads changed in ``(done, target]``: no source it reads moved
+        to a new version, and no view it reads logged an update (known without Spark)."""
+        from ops.ingest import log_files_between
+
+        epochs = self._epoch_map()
+        for source in plan.source_inputs:
+            for e in range(done + 1, target + 1):
+                rng = epochs[e].ranges.get(source) if e in epochs else None
+                if rng is None or rng[0] is None or rng[0] != rng[1]:
+                    return False
+        return not any(
+            log_files_between(self.layout.view_log(v), done, target) for v in plan.view_inputs
+        )
 
     def _log_start(self, log_uri: str) -> int:
         """The epoch since which the diff log holds the view's whole history (0: no log)."""

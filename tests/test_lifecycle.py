@@ -316,3 +316,43 @@ def test_a_column_changing_type_rebuilds_the_views_that_read_it(spark, make_proj
     report = Engine(engine.project, spark=spark).refresh()
     assert {v.view: v.status for v in report.views}["pairs"] == "refreshed"
     assert_correct(Engine(engine.project, spark=spark))
+
+
+def test_views_whose_inputs_did_not_change_only_move_their_epoch(
+    spark, make_project, src, tmp_path
+):
+    other = str(tmp_path / "other")
+    write_deltalake(
+        other, rows((1, "x", 5), (2, "y", 6)), configuration={"delta.enableChangeDataFeed": "true"}
+    )
+    views = {
+        **VIEWS,
+        "other_rows": "CREATE VIEW other_rows AS SELECT k, v FROM other",
+        "other_groups": "CREATE VIEW other_groups AS SELECT grp, count(*) AS n, max(v) AS m "
+        "FROM other GROUP BY grp",
+        "both": "CREATE VIEW both AS SELECT s.k, o.v FROM src s JOIN other o ON o.k = s.k",
+    }
+    engine = Engine(make_project(views, {"src": src, "other": other}), spark=spark)
+    assert engine.refresh().ok
+    files = {v: len(DeltaTable(engine.layout.view_log(v)).file_uris()) for v in views}
+    write_deltalake(src, rows((7, "a", 70)), mode="append")  # only `src` changes
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    changed = {v.view: v.inputs_changed for v in report.views}
+    assert changed == {
+        "big": True,
+        "big_a": True,
+        "both": True,
+        "other_rows": False,
+        "other_groups": False,
+    }
+    for view in ("other_rows", "other_groups"):  # the epoch moved; no file was written
+        assert engine.table_epoch(engine.layout.view_log(view)) == 2
+        assert engine.table_epoch(engine.layout.view_table(view)) == 2
+        assert len(DeltaTable(engine.layout.view_log(view)).file_uris()) == files[view]
+    assert_correct(engine)
+    # From that epoch on they refresh as usual.
+    DeltaTable(other).delete("k = 1")
+    report = engine.refresh()
+    assert report.ok and {v.view for v in report.views if not v.inputs_changed} == {"big", "big_a"}
+    assert_correct(engine)
