@@ -74,7 +74,9 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
         ),
     )
     def epoch(context: AssetExecutionContext, pyspark: LazyPySparkResource) -> dg.MaterializeResult:
-        engine = Engine(project, progress=context.log.info)
+        # Spark only when some source has row checks (its quarantine is written here).
+        spark = pyspark.spark_session if project.contracts else None
+        engine = Engine(project, spark=spark, progress=context.log.info)
         rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
         if context.run.tags.get(FULL_REFRESH_TAG, "") == "true":
             rebuilds.update({v: "full refresh requested" for v in engine.plan.order})
@@ -87,12 +89,10 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
             f"| {s} | {'-' if lo is None else lo} | {up} |" for s, (lo, up) in ranges.items()
         )
         quarantined: dict[str, Any] = {}
-        if project.contracts:  # Spark only when some source has row checks
-            engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
-            for q in engine.quarantine():
-                quarantined[f"quarantined {q.source}"] = q.rows
-                if q.example:
-                    quarantined[f"quarantined {q.source}: example"] = q.describe()
+        for q in engine.quarantine():
+            quarantined[f"quarantined {q.source}"] = q.rows
+            if q.example:
+                quarantined[f"quarantined {q.source}: example"] = q.describe()
         return dg.MaterializeResult(
             metadata={
                 **quarantined,

@@ -73,7 +73,6 @@ def build(root: Path) -> dict:
     from ivm.engine import Engine
     from resources.spark import get_spark
 
-    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     spark = get_spark({"spark.sql.shuffle.partitions": "8"})
     engine = Engine(root / "p" / "ivm.toml", spark=spark, progress=lambda m: None)
     started = time.perf_counter()
@@ -87,10 +86,8 @@ def build(root: Path) -> dict:
         if str(pool.getType()) == "Heap memory"
     )
     return {
-        "rows": engine.status()["views"]["big_orders"]["rows"],
         "build_seconds": round(seconds, 1),
         "python_peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "python_after_spark_start_mib": round(start_rss / 1024, 1),
         "jvm_heap_peak_mib": round(heap_peak / 2**20, 1),
     }
 

@@ -28,12 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.lake import (
-    open_table,
-    replace_files,
-    table_files,
-    table_lock,
-)
+from ivm.plan.reduce import state_tables
+from resources.lake import local_path, open_table, replace_files, table_files, table_lock
 
 SINCE = "ivm.since"
 COMPACTED = "ivm.compacted"
@@ -125,8 +121,6 @@ def targets(engine: Any) -> list[_Target]:
         built = [r for r in readers if r > 0] or [0]
         out.append(_Target(layout.view_log(name), "log", min([*built, log_epoch[name]])))
         out.append(_Target(table, "table", None))
-        from ivm.plan.reduce import state_tables
-
         for st in state_tables(plan.views[name].root):
             uri = engine.state_uri(name, st.name)
             if open_table(uri) is not None:
@@ -269,8 +263,6 @@ def storage_report(engine: Any) -> list[dict[str, Any]]:
       Parquet bytes of those columns per row (a source's current files, a view's table);
     - a view: its table, diff log and state tables per row, against its table's bytes.
     """
-    from resources.lake import local_path
-
     out = []
     for key, aplan in engine.plan.arrangements.items():
         uri = engine.arrangement_uri(key)
@@ -289,8 +281,6 @@ def storage_report(engine: Any) -> list[dict[str, Any]]:
     for name in engine.plan.order:
         table_rows, table_bytes, _ = _size(engine.layout.view_table(name))
         _, log_bytes, _ = _size(engine.layout.view_log(name))
-        from ivm.plan.reduce import state_tables
-
         state = sum(
             _size(engine.state_uri(name, st.name))[1]
             for st in state_tables(engine.plan.views[name].root)

@@ -51,6 +51,7 @@ from resources.lake import (
     LakeLayout,
     SourceTable,
     append_epoch,
+    commit_files,
     last_commit_metadata,
     now_utc,
     open_table,
@@ -220,10 +221,10 @@ class Engine:
         for name, uri in self.project.sources.items():
             try:
                 source = SourceTable(name, uri)
-                source.check()
+                schema = source.check()
                 contract = self._contract(name)
                 if contract is not None:
-                    contract.check_schema(source.arrow_schema())
+                    contract.check_schema(schema)
                 good[name] = source
             except (SourceError, ConfigError) as e:
                 bad[name] = e
@@ -428,11 +429,12 @@ class Engine:
         """
         started = time.perf_counter()
         plan = self.plan  # plan first: invalid SQL must fail before anything is written
-        wanted = [v.lower() for v in views] if views is not None else None
-        unplanned = [v for v in (wanted or plan.broken) if v in plan.broken]
-        names = [self.view(v).name for v in wanted if v not in plan.broken] if wanted else []
-        if wanted is None:
-            names = list(plan.order)
+        if views is None:
+            names, unplanned = list(plan.order), sorted(plan.broken)
+        else:
+            wanted = [v.lower() for v in views]
+            unplanned = [v for v in wanted if v in plan.broken]
+            names = [self.view(v).name for v in wanted if v not in plan.broken]
         if unplanned and not names:  # nothing to refresh: the error itself, nothing written
             raise plan.broken[unplanned[0]]
         if rebuild is True:
@@ -479,6 +481,8 @@ class Engine:
         naming the failed checks, ``_time``, ``_diff``) once per epoch (txn), so a rerun adds
         nothing. Views never read these rows (see :meth:`_collection_updates`).
         """
+        if not self.project.contracts:
+            return []
         from pyspark.sql import functions as F
 
         from ops import DIFF, TIME
@@ -516,14 +520,12 @@ class Engine:
                 overwrite=anew,
             )
             result = QuarantineResult(name, target, commit.rows, uri)
-            if commit.rows:
-                dt = open_table(uri)
-                first = (
-                    dt.to_pyarrow_table(filters=[(TIME, "=", target)]).slice(0, 1) if dt else None
-                )
-                result.example = (
-                    first.to_pylist()[0] if first is not None and first.num_rows else None
-                )
+            if commit.rows:  # one row of this epoch's, read from the files (not all of them)
+                import pyarrow.dataset as ds
+
+                dataset = open_table(uri).to_pyarrow_dataset()
+                first = dataset.head(1, filter=ds.field(TIME) == target).to_pylist()
+                result.example = first[0] if first else None
             out.append(result)
             self.progress(f"{result.describe()} ({time.perf_counter() - started:.2f}s)")
         return out
@@ -551,7 +553,7 @@ class Engine:
             "ivm.view": plan.name,
             "ivm.sql_hash": plan.sql_hash,
             "ivm.inputs": json.dumps(inputs, sort_keys=True),
-            "ivm.contracts": json.dumps(self._contract_hashes(plan), sort_keys=True),
+            "ivm.contracts": json.dumps(self._contract_hashes(plan.source_inputs), sort_keys=True),
             "ivm.input_types": json.dumps(self._input_types(plan), sort_keys=True),
         }
 
@@ -560,11 +562,8 @@ class Engine:
         another definition, or from a history that has since started anew, is rebuilt."""
         return f"{self.plan.views[view].sql_hash}@{self._log_start(self.layout.view_log(view))}"
 
-    def _contract_hashes(self, plan: ViewPlan) -> dict[str, str]:
-        """Per source the view reads under a contract, a hash of the rows' predicate."""
-        return self._contract_hashes_of(plan.source_inputs)
-
-    def _contract_hashes_of(self, collections: Iterable[str]) -> dict[str, str]:
+    def _contract_hashes(self, collections: Iterable[str]) -> dict[str, str]:
+        """Per source among ``collections`` read under a contract, a hash of its predicate."""
         import hashlib
 
         out = {}
@@ -595,7 +594,7 @@ class Engine:
                     "(its columns changed)"
                 )
         contracts = json.loads(info.get("ivm.contracts", "{}"))
-        current = self._contract_hashes(plan)
+        current = self._contract_hashes(plan.source_inputs)
         for source in sorted(set(contracts) | set(current)):
             if contracts.get(source) != current.get(source):
                 return f"the row checks of source {source!r}'s contract changed"
@@ -652,7 +651,6 @@ class Engine:
         """
         from ops.ingest import log_files_between
         from ops.sink import TableChange, append_updates, apply_to_table
-        from resources.lake import commit_files
 
         plan = self.view(name)
         started = time.perf_counter()
@@ -852,6 +850,9 @@ class Engine:
         source = self.sources[coll]
         if done == 0:
             return source_snapshot(self.spark, source, epochs[target].ranges[coll][1], target)
+        if done >= target:  # an empty range: no change
+            version = epochs[target].ranges[coll][1]
+            return source_changes_once(self.spark, source, version, version, target)
         parts = []
         for e in range(done + 1, target + 1):
             rng = epochs[e].ranges.get(coll)
@@ -975,7 +976,7 @@ class Engine:
         if target == 0 or done >= target:
             return None
         info = last_commit_metadata(uri, "ivm.columns")
-        contract = json.dumps(self._contract_hashes_of([key.collection]))
+        contract = json.dumps(self._contract_hashes([key.collection]))
         types = json.dumps(
             self._source_types(key.collection, aplan.columns)
             if key.collection in self.sources
@@ -1213,12 +1214,14 @@ class Engine:
     # -- maintenance ---------------------------------------------------------------------------
 
     def lake_tables(self) -> list[str]:
-        """Every Delta table the engine writes: views, logs, arrangements, state, epochs."""
+        """Every Delta table the engine writes: views, logs, arrangements, state, epochs,
+        quarantines."""
         out = [self.layout.epochs]
         for name in self.plan.order:
             out += [self.layout.view_log(name), self.layout.view_table(name)]
             out += [self.state_uri(name, t.name) for t in state_tables(self.plan.views[name].root)]
         out += [self.arrangement_uri(k) for k in self.plan.arrangements]
+        out += [self.quarantine_uri(s) for s in self.project.contracts]
         return [u for u in out if open_table(u) is not None]
 
     def vacuum(self, retention_hours: float = 168.0) -> dict[str, int]:

@@ -170,13 +170,16 @@ class SourceTable:
                 f"{_first_line(e)}"
             ) from e
 
-    def check(self) -> None:
+    def check(self) -> pa.Schema:
         """Open the latest snapshot once: a corrupt or unreadable log fails here, by name.
+
+        Returns:
+            The table's current schema (as :meth:`arrow_schema`).
 
         Raises:
             SourceError: the table's log cannot be read.
         """
-        self.arrow_schema()
+        return self.arrow_schema()
 
     def version(self) -> int:
         return self.table().version()
