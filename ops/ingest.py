@@ -128,8 +128,10 @@ def source_changes_once(
 
     The change feed of ``(lower, upper]`` is fixed by the epoch record, so the DataFrame
     built for the first view (for the CDF: delta-rs's read, handed to Spark) serves the rest.
+    The key holds the table's id, not only its path: a table deleted and created again at the
+    same path starts its versions over with other rows.
     """
-    key = (spark.sparkContext.applicationId, source.uri, lower, upper, epoch)
+    key = (spark.sparkContext.applicationId, source.uri, source.identity(), lower, upper, epoch)
     df = _MEMO.get(key)
     if df is None:
         df = source_changes(spark, source, lower, upper, epoch)

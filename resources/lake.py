@@ -151,6 +151,7 @@ class SourceTable:
     def __init__(self, name: str, uri: str) -> None:
         self.name = name
         self.uri = uri
+        self._identity: str | None = None
         try:
             exists = DeltaTable.is_deltatable(uri)
         except (DeltaError, OSError) as e:
@@ -183,6 +184,14 @@ class SourceTable:
 
     def version(self) -> int:
         return self.table().version()
+
+    def identity(self) -> str:
+        """The Delta table's id (``metaData.id``, set when the table is created): two tables
+        created one after the other at the same path have the same version numbers but not
+        the same id. Read once per ``SourceTable``."""
+        if self._identity is None:
+            self._identity = self.table().metadata().id
+        return self._identity
 
     def arrow_schema(self, version: int | None = None) -> pa.Schema:
         schema = pa.schema(self.table(version).schema().to_arrow())

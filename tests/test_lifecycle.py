@@ -4,6 +4,7 @@ tables that other readers open."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -356,3 +357,25 @@ def test_views_whose_inputs_did_not_change_only_move_their_epoch(
     report = engine.refresh()
     assert report.ok and {v.view for v in report.views if not v.inputs_changed} == {"big", "big_a"}
     assert_correct(engine)
+
+
+def test_a_source_created_again_at_the_same_path_is_read_afresh(spark, make_project, tmp_path):
+    """A source and lake deleted and created again in the same process (as a benchmark or a
+    long-lived code location may do) have the same version and epoch numbers as before but
+    other rows: nothing read for the first table may serve the second."""
+    path = str(tmp_path / "again")
+    project = make_project(VIEWS, {"src": path})
+    for grp in ("a", "b"):
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(project / "lake", ignore_errors=True)
+        write_deltalake(
+            path,
+            rows((1, grp, 11), (2, grp, 22), (3, grp, 33)),
+            configuration={"delta.enableChangeDataFeed": "true"},
+        )
+        engine = Engine(project, spark=spark)
+        assert engine.refresh().ok
+        DeltaTable(path).update({"v": "v + 100"}, predicate=f"k = {1 if grp == 'a' else 2}")
+        report = engine.refresh()
+        assert report.ok and report.minted is not None and report.minted.epoch == 2
+        assert_correct(engine)
