@@ -28,7 +28,10 @@ CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark"}
+_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh"}
+
+DEFAULT_PARALLELISM = 4
+"""Views refreshed at once when ``[refresh] parallelism`` is not set."""
 
 
 def _is_uri(value: str) -> bool:
@@ -48,6 +51,9 @@ class Project:
         spark_conf: extra Spark settings from the optional ``[spark]`` table.
         contracts: source name -> ``file.py:Name`` of the pandera schema declared for it
             (optional ``[contracts]`` table; see ``resources.contracts``).
+        parallelism: how many views one refresh brings up to date at once (``[refresh]
+            parallelism``); a view starts once the views it reads are done. Spark runs their
+            jobs side by side, which hides its per-job latency.
     """
 
     root: Path
@@ -57,6 +63,7 @@ class Project:
     sources: dict[str, str]
     spark_conf: dict[str, str] = field(default_factory=dict)
     contracts: dict[str, str] = field(default_factory=dict)
+    parallelism: int = DEFAULT_PARALLELISM
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -132,6 +139,12 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     spark_conf = data.get("spark", {})
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
+    refresh = data.get("refresh", {})
+    if not isinstance(refresh, dict) or set(refresh) - {"parallelism"}:
+        raise ConfigError(f"{file}: [refresh] takes one key: parallelism = <views at once>")
+    parallelism = refresh.get("parallelism", DEFAULT_PARALLELISM)
+    if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
+        raise ConfigError(f"{file}: [refresh] parallelism must be a whole number >= 1")
     return Project(
         root=root,
         config_file=file.resolve(),
@@ -140,4 +153,5 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         sources=sources,
         spark_conf={str(k): str(v) for k, v in spark_conf.items()},
         contracts=contracts,
+        parallelism=parallelism,
     )

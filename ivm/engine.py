@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -208,6 +210,8 @@ class Engine:
         self.progress: Progress = progress or (lambda msg: log.info(msg))
         self.measure_lookups = measure_lookups
         self._contracts: dict[str, Contract] = {}
+        self._arranging: dict[ArrangementKey, threading.Lock] = {}
+        self._arranging_lock = threading.Lock()
         self._repairing: set[str] = set()
         """Views being repaired: their diff log, not their table, is the stored truth, and
         the table is rewritten from the log."""
@@ -401,10 +405,11 @@ class Engine:
 
     @property
     def spark(self):  # -> SparkSession
-        if self._spark is None:
-            from resources.spark import get_spark
+        with self._arranging_lock:  # views refreshed at once start it once
+            if self._spark is None:
+                from resources.spark import get_spark
 
-            self._spark = get_spark(self.project.spark_conf)
+                self._spark = get_spark(self.project.spark_conf)
         return self._spark
 
     def refresh(
@@ -444,32 +449,64 @@ class Engine:
         needs = {n for n in names if n in asked or self.rebuild_reason(n)}
         minted = self.mint_epoch(force=bool(needs)) if mint else None
         quarantined = self.quarantine()
-        selected = set(names)
-        results: list[ViewResult] = []
-        broken: dict[str, str] = {}
-        for name in plan.order:
-            if name not in selected:
-                continue
-            blocked = [u for u in plan.views[name].view_inputs if u in broken]
-            if blocked:
-                r = ViewResult(name, 0, 0, status="skipped")
-                r.error = f"waits for view {blocked[0]!r}, which failed"
-                broken[name] = r.error
-                results.append(r)
-                self.progress(f"{name}: skipped ({r.error})")
-                continue
-            try:
-                results.append(self.refresh_view(name, rebuild=name in asked))
-            except IvmError as e:
-                broken[name] = str(e)
-                results.append(ViewResult(name, 0, 0, status="failed", error=str(e)))
-                self.progress(f"{name}: FAILED: {e}")
+        results = self._refresh_views([n for n in plan.order if n in set(names)], asked)
         for name in unplanned:
             error = plan.broken[name]
             status = "skipped" if isinstance(error, UpstreamBroken) else "failed"
             results.append(ViewResult(name, 0, 0, status=status, error=str(error)))
             self.progress(f"{name}: {status.upper()}: {error}")
         return RefreshReport(minted, results, time.perf_counter() - started, quarantined)
+
+    def _refresh_views(self, order: list[str], asked: set[str]) -> list[ViewResult]:
+        """Refresh ``order`` (dependency order) with up to ``parallelism`` views at once.
+
+        A view starts once every selected view it reads has finished; if one of those failed
+        it is skipped. Views share arrangements through :meth:`refresh_arrangement`, which
+        lets one of them write each arrangement. An error that is not an :class:`IvmError`
+        (a bug, a lost Spark) stops new starts and is raised once the running views end.
+        """
+        views = self.plan.views
+        selected = set(order)
+        results: dict[str, ViewResult] = {}
+        failed: dict[str, str] = {}
+        pending = list(order)
+        running: dict[Future, str] = {}
+        unexpected: BaseException | None = None
+        with ThreadPoolExecutor(self.project.parallelism, thread_name_prefix="ivm") as pool:
+            while (pending and unexpected is None) or running:
+                busy = set(running.values())
+                for name in list(pending) if unexpected is None else []:
+                    ups = [u for u in views[name].view_inputs if u in selected]
+                    if any(u in busy or u in pending for u in ups):
+                        continue
+                    pending.remove(name)
+                    blocked = [u for u in ups if u in failed]
+                    if blocked:
+                        r = ViewResult(name, 0, 0, status="skipped")
+                        r.error = f"waits for view {blocked[0]!r}, which failed"
+                        failed[name] = r.error
+                        results[name] = r
+                        self.progress(f"{name}: skipped ({r.error})")
+                        continue
+                    future = pool.submit(self.refresh_view, name, rebuild=name in asked)
+                    running[future] = name
+                    busy.add(name)
+                if not running:
+                    continue
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    name = running.pop(future)
+                    try:
+                        results[name] = future.result()
+                    except IvmError as e:
+                        failed[name] = str(e)
+                        results[name] = ViewResult(name, 0, 0, status="failed", error=str(e))
+                        self.progress(f"{name}: FAILED: {e}")
+                    except BaseException as e:  # noqa: BLE001 - re-raised below, once
+                        unexpected = unexpected or e
+        if unexpected is not None:
+            raise unexpected
+        return [results[n] for n in order if n in results]
 
     def quarantine_uri(self, source: str) -> str:
         """Where a source's rows that break its contract are kept: ``quarantine/<source>``."""
@@ -963,6 +1000,12 @@ class Engine:
         reads at (its "old" time), plus the updates after it, so every reader's lookups at
         its old and new times stay exact.
         """
+        with self._arranging_lock:
+            lock = self._arranging.setdefault(key, threading.Lock())
+        with lock:  # views refreshed at once share it: one writes, the others find it done
+            return self._refresh_arrangement(key)
+
+    def _refresh_arrangement(self, key: ArrangementKey) -> CommitResult | None:
         from pyspark.sql import functions as F
 
         from ops import DIFF, TIME

@@ -16,6 +16,7 @@ All column names are lower-cased here, the case the planner uses.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import reduce
@@ -119,6 +120,7 @@ def source_changes(
 
 _MEMO: OrderedDict[tuple, DataFrame] = OrderedDict()
 _MEMO_SIZE = 64
+_MEMO_LOCK = threading.Lock()
 
 
 def source_changes_once(
@@ -132,12 +134,13 @@ def source_changes_once(
     same path starts its versions over with other rows.
     """
     key = (spark.sparkContext.applicationId, source.uri, source.identity(), lower, upper, epoch)
-    df = _MEMO.get(key)
-    if df is None:
-        df = source_changes(spark, source, lower, upper, epoch)
-        _MEMO[key] = df
-        while len(_MEMO) > _MEMO_SIZE:
-            _MEMO.popitem(last=False)
+    with _MEMO_LOCK:  # views refreshed at once: the first reads, the others wait for it
+        df = _MEMO.get(key)
+        if df is None:
+            df = source_changes(spark, source, lower, upper, epoch)
+            _MEMO[key] = df
+            while len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
     return df
 
 

@@ -13,6 +13,7 @@ import pytest
 from deltalake import write_deltalake
 
 from ivm.cli import main
+from ivm.config import DEFAULT_PARALLELISM, load_project
 
 ORDERS = pa.table(
     {
@@ -53,6 +54,29 @@ def test_unknown_key_in_toml(tmp_path: Path, capsys) -> None:
     (tmp_path / "ivm.toml").write_text('lake = "lake"\nsourcse = 1\n')
     code, _, err = run(capsys, "--project", str(tmp_path), "status")
     assert code == 2 and "unknown key 'sourcse'" in err
+
+
+@pytest.mark.parametrize(
+    ("refresh", "message"),
+    [
+        ("parallelism = 0", "parallelism must be a whole number >= 1"),
+        ("parallelism = 'two'", "parallelism must be a whole number >= 1"),
+        ("threads = 2", "[refresh] takes one key"),
+    ],
+)
+def test_invalid_refresh_settings(tmp_path: Path, capsys, refresh: str, message: str) -> None:
+    (tmp_path / "views").mkdir()
+    (tmp_path / "ivm.toml").write_text(f'lake = "lake"\n[refresh]\n{refresh}\n')
+    code, _, err = run(capsys, "--project", str(tmp_path), "status")
+    assert code == 2 and message in err
+
+
+def test_refresh_parallelism_setting(tmp_path: Path) -> None:
+    (tmp_path / "views").mkdir()
+    (tmp_path / "ivm.toml").write_text('lake = "lake"\n')
+    assert load_project(tmp_path).parallelism == DEFAULT_PARALLELISM
+    (tmp_path / "ivm.toml").write_text('lake = "lake"\n[refresh]\nparallelism = 1\n')
+    assert load_project(tmp_path).parallelism == 1
 
 
 def test_missing_project(tmp_path: Path, capsys) -> None:

@@ -379,3 +379,42 @@ def test_a_source_created_again_at_the_same_path_is_read_afresh(spark, make_proj
         report = engine.refresh()
         assert report.ok and report.minted is not None and report.minted.epoch == 2
         assert_correct(engine)
+
+
+def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
+    spark, make_project, src
+):
+    """With ``[refresh] parallelism = 4`` independent views run side by side: views that
+    look up the same arrangement find it written once per epoch, a view over views starts
+    only when they are done, and a view that fails leaves the others to finish."""
+    views = {
+        **VIEWS,
+        "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
+        "pairs_big": "CREATE VIEW pairs_big AS SELECT p.k, b.v2 FROM pairs p "
+        "JOIN big b ON p.k = b.k",
+        "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s FROM src GROUP BY grp",
+        "both": "CREATE VIEW both AS SELECT s.grp, s.s, b.v2 FROM sums s JOIN big b "
+        "ON b.grp = s.grp",
+    }
+    engine = Engine(make_project(views, {"src": src}, "[refresh]\nparallelism = 4"), spark=spark)
+    assert engine.project.parallelism == 4
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    for step in range(2):
+        DeltaTable(src).update({"v": "v + 1"}, predicate="k = 1")
+        write_deltalake(src, rows((10 + step, "a", 5), (20 + step, "c", 50)), mode="append")
+        report = engine.refresh()
+        assert report.ok, [v.error for v in report.views]
+        epoch = report.minted.epoch
+        assert {v.view: v.epoch for v in report.views} == dict.fromkeys(views, epoch)
+        assert_correct(engine)
+        for key in engine.plan.arrangements:
+            assert commits_for_epoch(engine.arrangement_uri(key), epoch) == 1, key
+    # A view that fails at run time: the views that read it are skipped, the rest refresh.
+    table = engine.layout.view_table("sums")
+    write_deltalake(table, DeltaTable(table).to_pyarrow_table().slice(0, 0), mode="overwrite")
+    DeltaTable(src).update({"v": "v + 1"}, predicate="grp = 'a'")
+    report = engine.refresh()
+    status = {v.view: v.status for v in report.views}
+    assert status.pop("sums") == "failed" and status.pop("both") == "skipped"
+    assert set(status.values()) == {"refreshed"}
