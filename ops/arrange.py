@@ -38,10 +38,13 @@ PUSHDOWN_KEYS = 400
 for Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key
 sets are split into several scans (each prunes files by its own key range)."""
 
-MAX_PUSHDOWN_SCANS = 25
-"""Beyond this many scans (10,000 keys), or when the keys are so many that about one page
-per key would cover the arrangement anyway, a lookup reads it once and semi-joins: the
-change is then large enough that a scan is proportionate."""
+MAX_PUSHDOWN_SCANS = 1
+"""Beyond this many pushed-down scans, or when the pages the keys fall in (about one page
+per key) would cover more than a quarter of the arrangement, a lookup reads it once and
+semi-joins with the broadcast keys. Measured on SF1's ``lineitem`` arrangement (6M rows,
+``python -m bench.lookup``, two sessions): 25-400 keys cost about the same either way
+(2-4s), 1,600 keys 2.7-5.3s pushed down in 4 scans against 2.3-2.8s read once, 4,000 keys
+9-14s against 1.9s: each extra scan re-reads every footer and page index."""
 
 ROWS_PER_FILE = 500_000
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -154,7 +157,9 @@ def lookup(
     live_rows = sum(f.file.num_records or 0 for f in live)
     if not first:
         scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
-    elif len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS and len(first) * PAGE_ROWS < live_rows:
+    elif (
+        len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS and 4 * len(first) * PAGE_ROWS < live_rows
+    ):
         scans = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
             chunk = first[i : i + PUSHDOWN_KEYS]
