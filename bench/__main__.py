@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ivm.config import DEFAULT_PARALLELISM
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = HERE / "work"
@@ -61,6 +63,7 @@ class ScaleResult:
     storage: dict[str, list[dict]] = field(default_factory=dict)  # before/after compaction
     compact_seconds: float = 0.0
     sensor: dict[str, float] = field(default_factory=dict)
+    checked: int = 0  # views found equal to DuckDB's result after the runs
 
     def median(self, attr: str) -> float:
         return statistics.median(getattr(p, attr) for p in self.points)
@@ -124,6 +127,19 @@ def duckdb_full_recompute(engine) -> float:
     return time.perf_counter() - started
 
 
+def check_views(engine, where: str) -> int:
+    """Every view's table and log against DuckDB over the same source versions: a benchmark
+    of wrong answers measures nothing. Exits naming the first view that differs."""
+    from ivm.oracle import compare_views
+
+    results = compare_views(engine)
+    for c in results:
+        if not c.equal:
+            raise SystemExit(f"{where}: {c.describe()}")
+    say(f"    {where}: all {len(results)} views equal DuckDB's result")
+    return len(results)
+
+
 def _lookup_rows(report) -> tuple[int, int]:
     opened = total = 0
     for v in report.views:
@@ -146,15 +162,31 @@ def setup(scale: float):
     return work, sources, config
 
 
+def project(config: Path, parallelism: int):
+    """The benchmark project with ``parallelism`` views refreshed at once."""
+    from dataclasses import replace
+
+    from ivm.config import load_project
+
+    return replace(load_project(config), parallelism=parallelism)
+
+
 def run_scale(
-    scale: float, runs: int, change: float, spark, *, seed0: int = 1, sensor: bool = False
+    scale: float,
+    runs: int,
+    change: float,
+    spark,
+    *,
+    parallelism: int,
+    seed0: int = 1,
+    sensor: bool = False,
 ) -> ScaleResult:
     from demo.tpch import apply_change_batch
     from ivm.compact import compact, storage_report
     from ivm.engine import Engine
 
     work, sources, config = setup(scale)
-    engine = Engine(config, spark=spark, progress=lambda m: None)
+    engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
     started = time.perf_counter()
     report = engine.refresh()
     build = time.perf_counter() - started
@@ -177,12 +209,14 @@ def run_scale(
             f"    run {run + 1}: incremental {inc:.1f}s | Spark full {full:.1f}s | "
             f"DuckDB full {duck:.1f}s | rows in opened state files {opened:,} of {total:,}"
         )
+    result.checked = check_views(engine, f"SF {scale:g} after {runs} batches")
     result.storage["before"] = storage_report(engine)
     started = time.perf_counter()
     compact(engine, retention_hours=0)
     result.compact_seconds = time.perf_counter() - started
     result.storage["after"] = storage_report(engine)
     say(f"    compacted in {result.compact_seconds:.1f}s")
+    check_views(engine, f"SF {scale:g} after compaction")
     if sensor:
         result.sensor = sensor_latency(config, sources, change, seed0 + runs)
         say(
@@ -192,12 +226,12 @@ def run_scale(
     return result
 
 
-def sweep(scale: float, changes: list[float], spark) -> list[Point]:
+def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> list[Point]:
     from demo.tpch import apply_change_batch
     from ivm.engine import Engine
 
     work, sources, config = setup(scale)
-    engine = Engine(config, spark=spark, progress=lambda m: None)
+    engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
     assert engine.refresh().ok
     points = []
     for i, change in enumerate(changes):
@@ -211,6 +245,7 @@ def sweep(scale: float, changes: list[float], spark) -> list[Point]:
         opened, total = _lookup_rows(report)
         points.append(Point(scale, change, inc, full, duck, opened, total))
         say(f"  sweep {change:.2%}: incremental {inc:.1f}s | Spark full {full:.1f}s")
+    check_views(engine, f"sweep at SF {scale:g}")
     return points
 
 
@@ -249,7 +284,12 @@ def write_markdown(
         f"{args.runs} change batches per scale factor, all in one warm Spark session. The views "
         "are the demo's (`demo/views`: three-way joins, accumulable and MIN/MAX aggregates, "
         "COUNT(DISTINCT), global and per-group top-k, views over views). Each batch is TPC-H "
-        f"RF1 + RF2 + updates of {args.change:.2%} of the orders per kind.",
+        f"RF1 + RF2 + updates of {args.change:.2%} of the orders per kind. Refreshes run "
+        f"up to {args.parallelism} views at once (`[refresh] parallelism`). After the runs "
+        "(and again after compaction) every view's table and diff log was compared with "
+        "DuckDB's result over the same source versions: "
+        + ", ".join(f"SF {r.scale:g}: {r.checked} of {r.checked} equal" for r in results)
+        + ".",
         "",
         "| SF | initial build | incremental | Spark full | DuckDB full | Spark full / incremental "
         "| rows in opened state files |",
@@ -385,6 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep", default="", help="change fractions to sweep, e.g. 0.0001,0.01,0.1"
     )
     parser.add_argument("--sweep-scale", type=float, default=0.1)
+    parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=DEFAULT_PARALLELISM,
+        help=f"views refreshed at once ({DEFAULT_PARALLELISM}, the engine's default)",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
 
@@ -396,11 +442,21 @@ def main(argv: list[str] | None = None) -> int:
     for scale in scales:
         say(f"== TPC-H SF {scale:g}")
         change = args.change * max(scales) / scale  # the same absolute change everywhere
-        results.append(run_scale(scale, args.runs, change, spark, sensor=scale == max(scales)))
+        results.append(
+            run_scale(
+                scale,
+                args.runs,
+                change,
+                spark,
+                parallelism=args.parallelism,
+                sensor=scale == max(scales),
+            )
+        )
     swept = []
     if args.sweep:
         say(f"== change-size sweep at SF {args.sweep_scale:g}")
-        swept = sweep(args.sweep_scale, [float(c) for c in args.sweep.split(",")], spark)
+        changes = [float(c) for c in args.sweep.split(",")]
+        swept = sweep(args.sweep_scale, changes, spark, parallelism=args.parallelism)
     plot(results, HERE / "refresh_vs_scale.png")
     write_markdown(results, swept, args, Path(args.out))
     say(f"wrote {args.out} and {HERE / 'refresh_vs_scale.png'}")
