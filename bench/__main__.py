@@ -266,7 +266,7 @@ def plot(results: list[ScaleResult], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("TPC-H scale factor")
     ax.set_ylabel("seconds (median)")
-    ax.set_title("Refreshing all demo views after a 0.1% change")
+    ax.set_title("Refreshing all demo views after the same absolute change")
     ax.legend()
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
