@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     values = [r[0] for r in spark.read.parquet(*dt.file_uris()).select(key).distinct().collect()]
     rows = sum(f.num_records or 0 for f in table_files(args.arrangement))
     print(f"{args.arrangement}: {rows:,} updates, {len(values):,} keys", flush=True)
-    assert TIME in schema.names and DIFF in schema.names
+    if not {TIME, DIFF} <= set(schema.names):
+        raise SystemExit(f"{args.arrangement} is not an arrangement (no {TIME}/{DIFF} columns)")
     scans = arrange.MAX_PUSHDOWN_SCANS
     rng = random.Random(7)
     try:

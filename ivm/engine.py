@@ -210,8 +210,8 @@ class Engine:
         self.progress: Progress = progress or (lambda msg: log.info(msg))
         self.measure_lookups = measure_lookups
         self._contracts: dict[str, Contract] = {}
+        self._lock = threading.Lock()  # creating the Spark session and arrangement locks once
         self._arranging: dict[ArrangementKey, threading.Lock] = {}
-        self._arranging_lock = threading.Lock()
         self._repairing: set[str] = set()
         """Views being repaired: their diff log, not their table, is the stored truth, and
         the table is rewritten from the log."""
@@ -405,7 +405,7 @@ class Engine:
 
     @property
     def spark(self):  # -> SparkSession
-        with self._arranging_lock:  # views refreshed at once start it once
+        with self._lock:  # views refreshed at once start it once
             if self._spark is None:
                 from resources.spark import get_spark
 
@@ -449,7 +449,8 @@ class Engine:
         needs = {n for n in names if n in asked or self.rebuild_reason(n)}
         minted = self.mint_epoch(force=bool(needs)) if mint else None
         quarantined = self.quarantine()
-        results = self._refresh_views([n for n in plan.order if n in set(names)], asked)
+        chosen = set(names)
+        results = self._refresh_views([n for n in plan.order if n in chosen], asked)
         for name in unplanned:
             error = plan.broken[name]
             status = "skipped" if isinstance(error, UpstreamBroken) else "failed"
@@ -1000,7 +1001,7 @@ class Engine:
         reads at (its "old" time), plus the updates after it, so every reader's lookups at
         its old and new times stay exact.
         """
-        with self._arranging_lock:
+        with self._lock:
             lock = self._arranging.setdefault(key, threading.Lock())
         with lock:  # views refreshed at once share it: one writes, the others find it done
             return self._refresh_arrangement(key)

@@ -385,11 +385,14 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
     spark, make_project, src
 ):
     """With ``[refresh] parallelism = 4`` independent views run side by side: views that
-    look up the same arrangement find it written once per epoch, a view over views starts
-    only when they are done, and a view that fails leaves the others to finish."""
+    look up the same arrangement find it written by one of them (no second copy staged), a
+    view over views starts only when they are done, and a view that fails leaves the others
+    to finish."""
     views = {
         **VIEWS,
         "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
+        "ordered": "CREATE VIEW ordered AS SELECT a.k, b.k AS k2 FROM src a JOIN src b "
+        "ON a.grp = b.grp WHERE a.v < b.v",
         "pairs_big": "CREATE VIEW pairs_big AS SELECT p.k, b.v2 FROM pairs p "
         "JOIN big b ON p.k = b.k",
         "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s FROM src GROUP BY grp",
@@ -398,8 +401,26 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
     }
     engine = Engine(make_project(views, {"src": src}, "[refresh]\nparallelism = 4"), spark=spark)
     assert engine.project.parallelism == 4
+    shared = [
+        k for k, a in engine.plan.arrangements.items() if {"pairs", "ordered"} <= set(a.users)
+    ]
+    assert shared, "pairs and ordered share the arrangement of src by grp"
+    running: set[str] = set()
+    most = [0]
+    refresh_view = engine.refresh_view
+
+    def counted(name, **kwargs):  # how many views are being refreshed at the same moment
+        running.add(name)
+        most[0] = max(most[0], len(running))
+        try:
+            return refresh_view(name, **kwargs)
+        finally:
+            running.discard(name)
+
+    engine.refresh_view = counted
     report = engine.refresh()
     assert report.ok, [v.error for v in report.views]
+    assert most[0] >= 2, "independent views were refreshed one at a time"
     for step in range(2):
         DeltaTable(src).update({"v": "v + 1"}, predicate="k = 1")
         write_deltalake(src, rows((10 + step, "a", 5), (20 + step, "c", 50)), mode="append")
@@ -409,7 +430,11 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
         assert {v.view: v.epoch for v in report.views} == dict.fromkeys(views, epoch)
         assert_correct(engine)
         for key in engine.plan.arrangements:
-            assert commits_for_epoch(engine.arrangement_uri(key), epoch) == 1, key
+            uri = engine.arrangement_uri(key)
+            assert commits_for_epoch(uri, epoch) == 1, key
+            on_disk = {str(p) for p in Path(uri).rglob("*.parquet")}
+            committed = {u.removeprefix("file://") for u in DeltaTable(uri).file_uris()}
+            assert on_disk == committed, f"{key}: a second writer staged files nobody committed"
     # A view that fails at run time: the views that read it are skipped, the rest refresh.
     table = engine.layout.view_table("sums")
     write_deltalake(table, DeltaTable(table).to_pyarrow_table().slice(0, 0), mode="overwrite")
