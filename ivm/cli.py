@@ -235,7 +235,7 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
         for v in report.views:
             print(
                 f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  {v.seconds:>7.2f}  "
-                f"{v.status}{': ' + v.error if v.error else ''}"
+                f"{v.status}{': ' + (v.error or v.reason) if v.error or v.reason else ''}"
             )
         for q in report.quarantined:
             if q.rows:

@@ -33,6 +33,11 @@ _KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh"}
 DEFAULT_PARALLELISM = 4
 """Views refreshed at once when ``[refresh] parallelism`` is not set."""
 
+DEFAULT_RECOMPUTE_ABOVE = 0.05
+"""Share of a view's input rows changed above which a refresh recomputes the view from its
+inputs instead of from their changes, when ``[refresh] recompute_above`` is not set
+(measured by ``./dev bench --sweep``: see BENCHMARKS.md)."""
+
 
 def _is_uri(value: str) -> bool:
     return "://" in value
@@ -54,6 +59,9 @@ class Project:
         parallelism: how many views one refresh brings up to date at once (``[refresh]
             parallelism``); a view starts once the views it reads are done. Spark runs their
             jobs side by side, which hides its per-job latency.
+        recompute_above: the share of a view's input rows changed since its last epoch
+            (``[refresh] recompute_above``, 0 to 1) above which the refresh recomputes the view
+            from its inputs' state instead of from their changes; 1 never does.
     """
 
     root: Path
@@ -64,6 +72,7 @@ class Project:
     spark_conf: dict[str, str] = field(default_factory=dict)
     contracts: dict[str, str] = field(default_factory=dict)
     parallelism: int = DEFAULT_PARALLELISM
+    recompute_above: float = DEFAULT_RECOMPUTE_ABOVE
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -140,11 +149,24 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
     refresh = data.get("refresh", {})
-    if not isinstance(refresh, dict) or set(refresh) - {"parallelism"}:
-        raise ConfigError(f"{file}: [refresh] takes one key: parallelism = <views at once>")
+    if not isinstance(refresh, dict) or set(refresh) - {"parallelism", "recompute_above"}:
+        raise ConfigError(
+            f"{file}: [refresh] takes parallelism = <views at once> and "
+            "recompute_above = <share of input rows changed, 0 to 1>"
+        )
     parallelism = refresh.get("parallelism", DEFAULT_PARALLELISM)
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
         raise ConfigError(f"{file}: [refresh] parallelism must be a whole number >= 1")
+    recompute_above = refresh.get("recompute_above", DEFAULT_RECOMPUTE_ABOVE)
+    if (
+        not isinstance(recompute_above, int | float)
+        or isinstance(recompute_above, bool)
+        or not 0 <= recompute_above <= 1
+    ):
+        raise ConfigError(
+            f"{file}: [refresh] recompute_above must be a number from 0 to 1 (the share of a "
+            f"view's input rows changed; 1 never recomputes), not {recompute_above!r}"
+        )
     return Project(
         root=root,
         config_file=file.resolve(),
@@ -154,4 +176,5 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         spark_conf={str(k): str(v) for k, v in spark_conf.items()},
         contracts=contracts,
         parallelism=parallelism,
+        recompute_above=float(recompute_above),
     )

@@ -58,9 +58,15 @@ from resources.lake import (
     now_utc,
     open_table,
     read_epochs,
+    table_files,
 )
 
 log = logging.getLogger("ivm")
+
+RECOMPUTE_MIN_ROWS = 10_000
+"""A change of fewer input updates is always applied incrementally, whatever its share of
+the inputs: on small tables both ways cost Spark's fixed overhead, and the incremental one
+is the one the diff log's history is made of."""
 
 LOG_START = "ivm.log_start"
 """Commit metadata of a diff log: the epoch since which it holds the view's whole history."""
@@ -79,7 +85,9 @@ class ViewResult:
     inserted: int = 0
     deleted: int = 0
     seconds: float = 0.0
-    status: str = "refreshed"  # refreshed | up-to-date | built | rebuilt | failed | skipped
+    # refreshed | up-to-date | built | rebuilt | recomputed | failed | skipped
+    status: str = "refreshed"
+    reason: str | None = None  # why it was rebuilt or recomputed
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     log_files_read: int = 0
@@ -98,6 +106,7 @@ class ViewResult:
             "rows_deleted": self.deleted,
             "seconds": round(self.seconds, 3),
             "status": self.status,
+            **({"reason": self.reason} if self.reason else {}),
             "inputs_changed": self.inputs_changed,
             "files_rewritten": self.files_rewritten,
             "log_files_read": self.log_files_read,
@@ -715,10 +724,15 @@ class Engine:
             t0 = time.perf_counter()
             overwrite = False
             quiet = not reason and log_done > 0 and self._inputs_unchanged(plan, log_done, target)
-            if reason and log_done > 0:
-                self.progress(f"{name}: rebuilding at epoch {target} ({reason})")
+            recompute = None
+            if not reason and not quiet and log_done > 0:
+                recompute = self._recompute_reason(plan, log_done, target)
+            if (reason or recompute) and log_done > 0:
+                why = reason or recompute
+                verb = "rebuilding" if reason else "recomputing"
+                self.progress(f"{name}: {verb} at epoch {target} ({why})")
                 updates, overwrite = self._rebuild_updates(plan, log_done, target)
-                result.status = "rebuilt"
+                result.status, result.reason = ("rebuilt" if reason else "recomputed"), why
             elif quiet:  # nothing it reads changed: no update, no Spark, only the epoch
                 updates = None
                 result.status = "refreshed"
@@ -806,6 +820,46 @@ class Engine:
                     return False
         return not any(
             log_files_between(self.layout.view_log(v), done, target) for v in plan.view_inputs
+        )
+
+    def input_change(self, plan: ViewPlan, done: int, target: int) -> tuple[int, int]:
+        """How many updates a view's inputs give in ``(done, target]``, and how many rows they
+        hold at ``target``: the share decides whether to recompute (``recompute_above``).
+
+        Sources count their change feed's rows (read now if no view has yet; it is kept for
+        the refresh) or their appended files' row counts; views count the rows of the diff-log
+        files that may hold updates in the range. Totals come from file statistics.
+        """
+        from ops.ingest import log_files_between, source_change_rows, source_rows
+
+        epochs = self._epoch_map()
+        changed = total = 0
+        for coll in plan.source_inputs:
+            source = self.sources[coll]
+            for e in range(done + 1, target + 1):
+                lower, upper = epochs[e].ranges[coll]
+                if lower != upper:
+                    changed += source_change_rows(self.spark, source, lower, upper, e)
+            total += source_rows(source, epochs[target].ranges[coll][1])
+        for coll in plan.view_inputs:
+            log_uri, table_uri = self.layout.view_log(coll), self.layout.view_table(coll)
+            changed += sum(f.num_records or 0 for f in log_files_between(log_uri, done, target))
+            total += sum(f.num_records or 0 for f in table_files(table_uri))
+        return changed, total
+
+    def _recompute_reason(self, plan: ViewPlan, done: int, target: int) -> str | None:
+        """Why this refresh should recompute the view rather than apply its inputs' changes:
+        more than ``recompute_above`` of their rows changed (and at least
+        :data:`RECOMPUTE_MIN_ROWS`), or None."""
+        share_limit = self.project.recompute_above
+        if share_limit >= 1:
+            return None
+        changed, total = self.input_change(plan, done, target)
+        if changed < RECOMPUTE_MIN_ROWS or changed <= share_limit * total:
+            return None
+        return (
+            f"{changed:,} updates to its inputs' {total:,} rows ({changed / max(total, 1):.1%}) "
+            f"exceed [refresh] recompute_above = {share_limit:g}"
         )
 
     def _log_start(self, log_uri: str) -> int:
@@ -1109,8 +1163,6 @@ class Engine:
 
     def _rows_hint(self, coll: str) -> int | None:
         """Rough row count of a collection (from Delta stats), to size files."""
-        from resources.lake import table_files
-
         uri = self.layout.view_table(coll) if coll in self.plan.views else self.sources[coll].uri
         return sum(f.num_records or 0 for f in table_files(uri)) or None
 

@@ -83,22 +83,25 @@ def source_snapshot(
 
 def source_changes(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
-) -> DataFrame:
-    """The updates of a source for versions ``(lower, upper]``, all at time ``epoch``.
+) -> tuple[DataFrame, int]:
+    """The updates of a source for versions ``(lower, upper]``, all at time ``epoch``, and how
+    many there are (known without Spark: the change feed's rows, or the appended files' or
+    the snapshot's row counts from the log).
 
     Raises:
         ChangeFeedError: the range deletes or rewrites data and has no readable CDF.
     """
     if lower is None:
-        return source_snapshot(spark, source, upper, epoch)
+        return source_snapshot(spark, source, upper, epoch), source_rows(source, upper)
     schema = source.arrow_schema(upper)
     if upper <= lower:
         empty = spark.createDataFrame([], from_arrow_schema(schema))
-        return (
+        df = (
             _lower_names(empty)
             .withColumn(TIME, F.lit(epoch).cast("bigint"))
             .withColumn(DIFF, F.lit(1).cast("bigint"))
         )
+        return df, 0
     try:
         added = source.appended_files(lower, upper)
     except ChangeFeedError:
@@ -108,17 +111,25 @@ def source_changes(
     if added is not None:
         df = read_files(spark, added, schema, source.partition_columns(upper))
         df = df.withColumn(DIFF, F.lit(1).cast("bigint"))
+        rows = sum(f.num_records or 0 for f in added)
     else:
         changes = source.changes(lower, upper).drop_columns(["_commit_version"])
         df = spark.createDataFrame(changes)
-    return (
+        rows = changes.num_rows
+    df = (
         _lower_names(df)
         .withColumn(TIME, F.lit(epoch).cast("bigint"))
         .select(*[c.lower() for c in schema.names], TIME, DIFF)
     )
+    return df, rows
 
 
-_MEMO: OrderedDict[tuple, DataFrame] = OrderedDict()
+def source_rows(source: SourceTable, version: int) -> int:
+    """Rows in the source's snapshot at ``version``, from the log's file statistics."""
+    return sum(f.num_records or 0 for f in source.files(version))
+
+
+_MEMO: OrderedDict[tuple, tuple[DataFrame, int]] = OrderedDict()
 _MEMO_SIZE = 64
 _MEMO_LOCK = threading.Lock()
 
@@ -133,15 +144,29 @@ def source_changes_once(
     The key holds the table's id, not only its path: a table deleted and created again at the
     same path starts its versions over with other rows.
     """
+    return _changes_memo(spark, source, lower, upper, epoch)[0]
+
+
+def source_change_rows(
+    spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
+) -> int:
+    """How many updates :func:`source_changes_once` gives (an update counts twice: its
+    pre- and post-image). Reads the change feed if no view has yet (it is kept for them)."""
+    return _changes_memo(spark, source, lower, upper, epoch)[1]
+
+
+def _changes_memo(
+    spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
+) -> tuple[DataFrame, int]:
     key = (spark.sparkContext.applicationId, source.uri, source.identity(), lower, upper, epoch)
     with _MEMO_LOCK:  # views refreshed at once: the first reads, the others wait for it
-        df = _MEMO.get(key)
-        if df is None:
-            df = source_changes(spark, source, lower, upper, epoch)
-            _MEMO[key] = df
+        found = _MEMO.get(key)
+        if found is None:
+            found = source_changes(spark, source, lower, upper, epoch)
+            _MEMO[key] = found
             while len(_MEMO) > _MEMO_SIZE:
                 _MEMO.popitem(last=False)
-    return df
+    return found
 
 
 def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:

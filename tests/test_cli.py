@@ -13,7 +13,7 @@ import pytest
 from deltalake import write_deltalake
 
 from ivm.cli import main
-from ivm.config import DEFAULT_PARALLELISM, load_project
+from ivm.config import DEFAULT_PARALLELISM, DEFAULT_RECOMPUTE_ABOVE, load_project
 
 ORDERS = pa.table(
     {
@@ -61,7 +61,9 @@ def test_unknown_key_in_toml(tmp_path: Path, capsys) -> None:
     [
         ("parallelism = 0", "parallelism must be a whole number >= 1"),
         ("parallelism = 'two'", "parallelism must be a whole number >= 1"),
-        ("threads = 2", "[refresh] takes one key"),
+        ("threads = 2", "[refresh] takes parallelism"),
+        ("recompute_above = 1.5", "recompute_above must be a number from 0 to 1"),
+        ("recompute_above = '5%'", "recompute_above must be a number from 0 to 1"),
     ],
 )
 def test_invalid_refresh_settings(tmp_path: Path, capsys, refresh: str, message: str) -> None:
@@ -74,9 +76,14 @@ def test_invalid_refresh_settings(tmp_path: Path, capsys, refresh: str, message:
 def test_refresh_parallelism_setting(tmp_path: Path) -> None:
     (tmp_path / "views").mkdir()
     (tmp_path / "ivm.toml").write_text('lake = "lake"\n')
-    assert load_project(tmp_path).parallelism == DEFAULT_PARALLELISM
-    (tmp_path / "ivm.toml").write_text('lake = "lake"\n[refresh]\nparallelism = 1\n')
-    assert load_project(tmp_path).parallelism == 1
+    project = load_project(tmp_path)
+    assert project.parallelism == DEFAULT_PARALLELISM
+    assert project.recompute_above == DEFAULT_RECOMPUTE_ABOVE
+    (tmp_path / "ivm.toml").write_text(
+        'lake = "lake"\n[refresh]\nparallelism = 1\nrecompute_above = 1\n'
+    )
+    project = load_project(tmp_path)
+    assert (project.parallelism, project.recompute_above) == (1, 1.0)
 
 
 def test_missing_project(tmp_path: Path, capsys) -> None:

@@ -5,6 +5,7 @@ tables that other readers open."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -443,3 +444,47 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
     status = {v.view: v.status for v in report.views}
     assert status.pop("sums") == "failed" and status.pop("both") == "skipped"
     assert set(status.values()) == {"refreshed"}
+
+
+def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project, tmp_path):
+    """A change to more than ``recompute_above`` of a view's input rows (and to at least
+    RECOMPUTE_MIN_ROWS of them) recomputes the view from its inputs' state, with its reason;
+    a smaller one is applied incrementally; both give the same rows."""
+    from ivm.engine import RECOMPUTE_MIN_ROWS
+
+    n = 3 * RECOMPUTE_MIN_ROWS
+    path = str(tmp_path / "wide")
+    wide = [(k, "ab"[k % 2], k % 97) for k in range(n)]
+    write_deltalake(path, rows(*wide), configuration={"delta.enableChangeDataFeed": "true"})
+    views = {
+        **VIEWS,
+        "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, count(*) AS n, max(v) AS m "
+        "FROM src GROUP BY grp",
+    }
+    project = make_project(views, {"src": path}, "[refresh]\nrecompute_above = 0.4")
+    engine = Engine(project, spark=spark)
+    assert engine.refresh().ok
+    # 200 updates (an update is a pre- and a post-image): incremental.
+    DeltaTable(path).update({"v": "v + 1000"}, predicate="k < 100")
+    report = engine.refresh()
+    assert report.ok and {v.status for v in report.views} == {"refreshed"}
+    assert_correct(engine)
+    # Half the rows replaced: 2 * n / 2 updates of n rows, over the 0.4 limit.
+    DeltaTable(path).delete(f"k < {n // 2}")
+    write_deltalake(path, rows(*[(k + n, "c", k % 89) for k in range(n // 2)]), mode="append")
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    statuses = {v.view: v.status for v in report.views}
+    assert statuses == {"big": "recomputed", "big_a": "recomputed", "sums": "recomputed"}
+    sums = next(v for v in report.views if v.view == "sums")
+    assert f"{n:,} updates to its inputs' {n:,} rows (100.0%)" in sums.reason
+    assert "recompute_above = 0.4" in sums.reason
+    assert sums.metadata()["reason"] == sums.reason
+    assert_correct(engine)
+    # With recompute_above = 1 the same kind of change is applied incrementally.
+    DeltaTable(path).delete(f"k >= {n} AND k < {n + n // 2}")
+    write_deltalake(path, rows(*[(k, "d", k % 83) for k in range(n // 2)]), mode="append")
+    never = Engine(replace(engine.project, recompute_above=1.0), spark=spark)
+    report = never.refresh()
+    assert report.ok and {v.status for v in report.views} == {"refreshed"}
+    assert_correct(never)
