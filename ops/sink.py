@@ -23,8 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from ivm.errors import InvariantViolation
@@ -33,6 +36,8 @@ from ops.ingest import read_files
 from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
+    DataFile,
+    FileStats,
     StagedFiles,
     collect_staged,
     commit_files,
@@ -140,16 +145,72 @@ def _prune_condition(delta: DataFrame, stats: DataFrame, columns: Sequence[str])
     return cond
 
 
+_BOUNDED_TYPES = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.StringType,
+    T.DateType,
+    T.DecimalType,
+)
+"""Column types whose min/max statistics compare on the driver the way Spark compares them."""
+
+
+def _summary(net: DataFrame, columns: Sequence[str]) -> tuple[int, int, dict[str, tuple]]:
+    """One pass over the change: rows inserted, rows deleted, and per prunable column the
+    ``(lowest, highest)`` value among deleted rows (absent when one of them is NULL)."""
+    deleting = F.col(DIFF) < 0
+    aggs = [
+        F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("inserted"),
+        F.sum(F.when(deleting, -F.col(DIFF)).otherwise(0)).alias("deleted"),
+    ]
+    for i, c in enumerate(columns):
+        v = F.col(f"`{c}`")
+        aggs += [
+            F.min(F.when(deleting, v)).alias(f"lo{i}"),
+            F.max(F.when(deleting, v)).alias(f"hi{i}"),
+            F.max(F.when(deleting & v.isNull(), F.lit(1))).alias(f"null{i}"),
+        ]
+    row = net.agg(*aggs).collect()[0]
+    bounds = {
+        c: (row[f"lo{i}"], row[f"hi{i}"])
+        for i, c in enumerate(columns)
+        if row[f"null{i}"] is None and row[f"lo{i}"] is not None
+    }
+    return int(row["inserted"] or 0), int(row["deleted"] or 0), bounds
+
+
+def _may_hold(f: FileStats, bounds: Mapping[str, tuple]) -> bool:
+    """Whether a file's min/max statistics overlap the deleted rows' range in every column."""
+    for c, (lo, hi) in bounds.items():
+        fmin, fmax = f.mins.get(c), f.maxs.get(c)
+        try:
+            if (fmax is not None and fmax < lo) or (fmin is not None and fmin > hi):
+                return False
+        except TypeError:  # a statistic of another type than Spark's value: cannot prune
+            continue
+    return True
+
+
+PER_ROW_PRUNE_FILES = 8
+"""When the deleted rows' range still overlaps this many files, find the files row by row."""
+
+
 def _candidate_files(
-    spark: SparkSession, table_uri: str, deletes: DataFrame, columns: Sequence[str]
-) -> list:
-    """Files of the table that may hold some deleted row, by min/max statistics."""
+    spark: SparkSession,
+    table_uri: str,
+    deletes: DataFrame,
+    columns: Sequence[str],
+    bounds: Mapping[str, tuple],
+) -> list[DataFile]:
+    """Files of the table that may hold some deleted row: first by the deleted rows' range
+    against each file's min/max statistics (on the driver); when many files remain, by each
+    deleted row against them (a broadcast join)."""
     prune = list(columns[:PRUNE_COLUMNS])
-    files = table_file_stats(table_uri, prune)
-    if not files:
-        return []
+    files = [f for f in table_file_stats(table_uri, prune) if _may_hold(f, bounds)]
     with_stats = [c for c in prune if any(c in f.mins for f in files)]
-    if not with_stats:
+    if len(files) < PER_ROW_PRUNE_FILES or not with_stats:
         return [f.file for f in files]
     rows = []
     for i, f in enumerate(files):
@@ -170,6 +231,100 @@ def _candidate_files(
         .collect()
     )
     return [files[r["_file"]].file for r in hits]
+
+
+BROADCAST_DELETES = 1_000_000
+"""Up to this many deleted rows, a rewrite ships them to every task (no shuffle of the
+table's rows); beyond, Spark joins by sorting both sides."""
+
+
+def _named(deletes: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, Column]:
+    """The deleted rows with their columns renamed ``_k<i>`` and ``-_diff`` as ``_del``, and
+    the condition matching a row of the table to one of them (NULL-safe, every column)."""
+    keyed = deletes.select(
+        *[F.col(f"`{c}`").alias(f"_k{i}") for i, c in enumerate(columns)],
+        (-F.col(DIFF)).alias("_del"),
+    )
+    cond = F.lit(True)
+    for i, c in enumerate(columns):
+        cond = cond & F.col(f"`{c}`").eqNullSafe(F.col(f"_k{i}"))
+    return keyed, cond
+
+
+def _copies(df: DataFrame, cols: Sequence[Column], n: Column) -> DataFrame:
+    """Each row ``n`` times (``n`` >= 0)."""
+    return df.select(*cols, F.explode(F.array_repeat(F.lit(1), n.cast("int"))).alias("_n")).select(
+        *cols
+    )
+
+
+def _rows_after(
+    spark: SparkSession,
+    net: DataFrame,
+    candidates: Sequence[DataFile],
+    schema: pa.Schema,
+    columns: Sequence[str],
+    sizes: tuple[int, int],
+    overwrite: bool,
+) -> DataFrame:
+    """The rows to write: the candidate files' rows minus the deleted ones, and the inserted.
+
+    A candidate file's rows that no deletion names pass through in their order (a join
+    against the deleted rows, broadcast when few), so each rewritten file stays sorted and no
+    row of the table is shuffled. Rows a deletion names are counted and kept ``held -
+    deleted`` times; a negative count stops the write with :data:`NEGATIVE` and the row. The
+    inserted and kept rows go to one new file, sorted (a first build: files of
+    :data:`ROWS_PER_FILE` rows, by range). A deletion of a row no candidate file holds
+    leaves the written count too high: the caller compares it with what it expects.
+    """
+    inserted, deleted = sizes
+    cols = [F.col(f"`{c}`") for c in columns]
+    # Overwrite: ``net`` is the whole contents; a deletion in it is a bug, caught by the write.
+    inserts = net if overwrite else net.where(F.col(DIFF) > 0)
+    if not candidates:
+        out = _copies(inserts.select(*cols, _checked(cols)), cols, F.col(DIFF))
+        n_files = max(1, math.ceil(inserted / ROWS_PER_FILE))
+        if columns and n_files > 1:
+            return out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
+        return out.coalesce(1).sortWithinPartitions(*cols) if columns else out.coalesce(1)
+    existing = read_files(spark, candidates, schema)
+    keyed, matches = _named(net.where(F.col(DIFF) < 0), columns)
+    if deleted <= BROADCAST_DELETES:
+        keyed = F.broadcast(keyed)
+    untouched = existing.join(keyed, matches, "left_anti")
+    held = (
+        existing.join(keyed, matches, "left_semi")
+        .groupBy(*cols)
+        .agg(F.count(F.lit(1)).alias("_held"))
+    )
+    kept = held.join(keyed, matches).select(*cols, (F.col("_held") - F.col("_del")).alias(DIFF))
+    fresh = kept.unionByName(inserts.select(*cols, DIFF)).select(*cols, _checked(cols))
+    fresh = _copies(fresh, cols, F.col(DIFF)).coalesce(1).sortWithinPartitions(*cols)
+    return untouched.select(*cols).unionByName(fresh)
+
+
+def _checked(cols: Sequence[Column]) -> Column:
+    """``_diff``, or the write's failure naming the row when it is negative."""
+    return (
+        F.when(
+            F.col(DIFF) < 0,
+            F.raise_error(
+                F.concat(
+                    F.lit(f"{NEGATIVE}: "),
+                    F.col(DIFF).cast("string"),
+                    F.lit(" "),
+                    F.to_json(F.struct(*cols)),
+                )
+            ),
+        )
+        .otherwise(F.col(DIFF))
+        .alias(DIFF)
+    )
+
+
+NEGATIVE = "ivm: negative multiplicity"
+"""Marker of the error the table write raises when a row would be deleted more times than
+the table holds it."""
 
 
 def apply_to_table(
@@ -196,65 +351,44 @@ def apply_to_table(
     """
     columns = [c for c in net.columns if c != DIFF]
     schema = arrow_schema(net, columns)
-    cols = [F.col(f"`{c}`") for c in columns]
+    types = {f.name: f.dataType for f in net.schema.fields}
+    prunable = [c for c in columns[:PRUNE_COLUMNS] if isinstance(types[c], _BOUNDED_TYPES)]
     net = net.persist()
-    merged: DataFrame | None = None
     try:
-        sizes = net.agg(
-            F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("inserted"),
-            F.sum(F.when(F.col(DIFF) < 0, -F.col(DIFF)).otherwise(0)).alias("deleted"),
-        ).collect()[0]
-        inserted, deleted = int(sizes["inserted"] or 0), int(sizes["deleted"] or 0)
+        inserted, deleted, bounds = _summary(net, prunable)
         # Only deletions need to find and rewrite existing files; insertions just append.
         candidates = (
-            _candidate_files(spark, table_uri, net.where(F.col(DIFF) < 0), columns)
+            _candidate_files(spark, table_uri, net.where(F.col(DIFF) < 0), columns, bounds)
             if deleted and not overwrite
             else []
         )
-        if candidates:
-            existing = read_files(spark, candidates, schema)
-            counts = existing.groupBy(*cols).agg(F.count(F.lit(1)).alias(DIFF))
-            merged = counts.unionByName(net).groupBy(*cols).agg(F.sum(DIFF).alias(DIFF))
-            merged = merged.persist()
-            agg = merged.agg(
-                F.min(DIFF).alias("lowest"),
-                F.sum(F.when(F.col(DIFF) > 0, F.col(DIFF)).otherwise(0)).alias("rows"),
-            ).collect()[0]
-            lowest, total_rows = agg["lowest"], int(agg["rows"] or 0)
-            source = merged
-        else:
-            lowest, total_rows, source = (-1 if deleted else None), inserted, net
-        if (
-            lowest is not None
-            and lowest < 0
-            and (transaction_version(table_uri, app_id) or 0) >= epoch
-        ):
-            # A concurrent refresh committed this epoch to the table while we computed: the
-            # files we merged with already hold it. Nothing to do (exactly once).
-            return TableChange(
-                CommitResult(table_uri, epoch, committed=False, version=None), 0, 0, 0, 0
-            )
-        if lowest is not None and lowest < 0:
-            bad = source.where(F.col(DIFF) < 0).limit(1).collect()
-            example = bad[0].asDict() if bad else {}
-            raise InvariantViolation(
-                f"view {label!r} epoch {epoch}: deleting a row the table does not hold "
-                f"(multiplicity would be {example.pop(DIFF, '?')}): {example}; its state or "
-                f"table was changed behind the engine: run `ivm verify --repair {label}`"
-            )
-        rows_out = (
-            source.where(F.col(DIFF) > 0)
-            .select(*cols, F.explode(F.array_repeat(F.lit(1), F.col(DIFF).cast("int"))).alias("_n"))
-            .select(*cols)
-        )
-        n_files = max(1, math.ceil(total_rows / ROWS_PER_FILE))
-        if columns and (candidates or n_files > 1):
-            rows_out = rows_out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
-        elif columns:
-            rows_out = rows_out.coalesce(1).sortWithinPartitions(*cols)
-        staged = stage_updates(rows_out, table_uri, epoch, "rows")
+        if deleted and not candidates and not overwrite:
+            return _nothing_to_delete_from(spark, net, table_uri, app_id, epoch, label)
         existing_rows = sum(f.num_records or 0 for f in candidates)
-        if staged.rows != total_rows:
+        rows_out = _rows_after(
+            spark, net, candidates, schema, columns, (inserted, deleted), overwrite
+        )
+        total_rows = existing_rows + inserted - deleted
+        try:
+            staged = stage_updates(rows_out, table_uri, epoch, "rows")
+        except (PySparkException, Py4JJavaError) as e:
+            if NEGATIVE not in str(e):
+                raise
+            if (transaction_version(table_uri, app_id) or 0) >= epoch:
+                return _already_applied(table_uri, epoch)
+            detail = str(e).split(f"{NEGATIVE}: ", 1)[1].splitlines()[0]
+            multiplicity, _, example = detail.partition(" ")
+            raise _negative(label, epoch, multiplicity, example) from None
+        if staged.rows != total_rows and all(f.num_records is not None for f in candidates):
+            # More rows than expected: some deleted row is in none of the files read.
+            if (transaction_version(table_uri, app_id) or 0) >= epoch:
+                return _already_applied(table_uri, epoch)
+            keyed, matches = _named(net.where(F.col(DIFF) < 0), columns)
+            existing = read_files(spark, candidates, schema)
+            bad = keyed.join(existing, matches, "left_anti").limit(1).collect()
+            if bad:
+                example = {c: bad[0][f"_k{i}"] for i, c in enumerate(columns)}
+                raise _negative(label, epoch, -bad[0]["_del"], str(example))
             raise InvariantViolation(
                 f"view {label!r} epoch {epoch}: wrote {staged.rows} rows, expected {total_rows}"
             )
@@ -279,5 +413,28 @@ def apply_to_table(
         )
     finally:
         net.unpersist()
-        if merged is not None:
-            merged.unpersist()
+
+
+def _already_applied(table_uri: str, epoch: int) -> TableChange:
+    """A concurrent refresh committed this epoch to the table while we computed: the files
+    we merged with already hold it. Nothing to do (exactly once)."""
+    return TableChange(CommitResult(table_uri, epoch, committed=False, version=None), 0, 0, 0, 0)
+
+
+def _nothing_to_delete_from(
+    spark: SparkSession, net: DataFrame, table_uri: str, app_id: str, epoch: int, label: str
+) -> TableChange:
+    """Rows are to be deleted and no file of the table may hold them."""
+    if (transaction_version(table_uri, app_id) or 0) >= epoch:
+        return _already_applied(table_uri, epoch)
+    bad = net.where(F.col(DIFF) < 0).limit(1).collect()
+    example = bad[0].asDict() if bad else {}
+    raise _negative(label, epoch, example.pop(DIFF, "?"), str(example))
+
+
+def _negative(label: str, epoch: int, multiplicity: object, example: str) -> InvariantViolation:
+    return InvariantViolation(
+        f"view {label!r} epoch {epoch}: deleting a row the table does not hold "
+        f"(multiplicity would be {multiplicity}): {example}; its state or "
+        f"table was changed behind the engine: run `ivm verify --repair {label}`"
+    )
