@@ -997,10 +997,10 @@ class Engine:
         from ops.arrange import LookupStats, lookup, write_updates
         from ops.reduce import StateStore
 
-        def write(table, updates) -> None:
+        def write(table, updates) -> int | None:
             uri = self.state_uri(plan.name, table.name)
             if self.table_epoch(uri) >= target:
-                return  # written by an earlier attempt at this epoch
+                return None  # written by an earlier attempt at this epoch
             started = time.perf_counter()
             result = write_updates(
                 updates,
@@ -1016,6 +1016,7 @@ class Engine:
                 f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target} "
                 f"({time.perf_counter() - started:.2f}s)"
             )
+            return result.rows
 
         def read(table, key, keys, as_of):
             uri = self.state_uri(plan.name, table.name)

@@ -54,7 +54,8 @@ class StateStore:
         old: the epoch the state holds before this refresh (0: none, the view is being built).
         new: the epoch this refresh writes.
         write: ``(table, updates)`` appends an epoch's updates to a state table once
-            (idempotent per epoch; a build replaces the table).
+            (idempotent per epoch; a build replaces the table); returns the rows written, or
+            None when an earlier attempt already wrote this epoch.
         read: ``(table, key columns, keys, as_of)`` the table's raw rows (``_time <= as_of``)
             whose key columns equal (NULL-safe) a row of ``keys``.
         label: a name for progress messages.
@@ -63,7 +64,7 @@ class StateStore:
     spark: SparkSession
     old: int
     new: int
-    write: Callable[[StateTable, DataFrame], None]
+    write: Callable[[StateTable, DataFrame], int | None]
     read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
     progress: Callable[[str], None] = field(default=lambda msg: None)
 
@@ -312,9 +313,11 @@ def _climb(store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame) 
             [*keys, "_p", "_b", *tower.leaf_values],
         )
     )
-    store.write(tables[0], delta)
+    written = store.write(tables[0], delta)
     for level in range(1, branch.levels + 1):
-        if store.old > 0 and _empty(delta):  # a build writes every level (they must exist)
+        # A build writes every level (they must exist); the rows written say if the change
+        # is empty, unless an earlier attempt wrote them.
+        if store.old > 0 and (written == 0 if written is not None else _empty(delta)):
             store.progress(f"{branch.name}: no change reaches level {level}")
             break
         parents = delta.select(*[_c(k) for k in keys], _c("_p")).distinct()
@@ -338,7 +341,7 @@ def _climb(store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame) 
         delta = materialize(
             consolidate(change.withColumn(TIME, F.lit(store.new).cast("bigint")), cols)
         )
-        store.write(tables[level], delta)
+        written = store.write(tables[level], delta)
     return delta
 
 
