@@ -9,10 +9,13 @@ Contract in ``(data, time, diff)`` terms:
 - ``sources/<name>`` is observed: its data version is the Delta table version.
 - ``ivm/epoch`` mints the next epoch: the version range of every source that changed.
 - ``views/<name>`` brings the view to the newest epoch its inputs reached; its data version
-  is that epoch, so a materialization that changed nothing keeps the same data version.
+  is that epoch, so a materialization that changed nothing keeps the same data version. The
+  views are one subsettable multi-asset (op ``ivm_views``): a run refreshes the views it
+  selected side by side, as ``ivm refresh`` does.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from graphlib import TopologicalSorter
 from typing import Any
 
 import dagster as dg
@@ -136,59 +139,50 @@ def _collection_key(engine: Engine, collection: str) -> dg.AssetKey:
     return view_key(collection) if collection in engine.plan.views else source_key(collection)
 
 
-def _arrangement_asset(project: Project, engine: Engine, key: Any) -> dg.AssetsDefinition:
+def _arrangement_spec(engine: Engine, key: Any) -> dg.AssetSpec:
     aplan = engine.plan.arrangements[key]
-
-    @dg.asset(
+    return dg.AssetSpec(
         key=arrangement_key(key.name),
         deps=[_collection_key(engine, key.collection), EPOCH_KEY],
         group_name=VIEWS_GROUP,
-        pool=POOL,
         kinds={"spark", "delta"},
         description=(
             f"Shared arrangement of {key.kind} {key.collection} by ({', '.join(key.key)}), "
             f"holding [{', '.join(aplan.columns)}]; read by {', '.join(aplan.users)}."
         ),
         metadata={"table": dg.MetadataValue.path(engine.arrangement_uri(key))},
+        skippable=True,
     )
-    def arrangement(
-        context: AssetExecutionContext, pyspark: LazyPySparkResource
-    ) -> dg.MaterializeResult:
-        from resources.spark import check_java
 
-        check_java()
-        run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
-        commit = run_engine.refresh_arrangement(key)
-        status = next(a for a in run_engine.arrangement_status() if a["arrangement"] == str(key))
-        return dg.MaterializeResult(
-            metadata={
-                "epoch": status["epoch"],
-                "updates_written": commit.rows if commit else 0,
-                "dagster/row_count": status["rows"],
-                "bytes": status["bytes"],
-                "files": status["files"],
-                "used_by": ", ".join(status["users"]),
-            },
-            data_version=dg.DataVersion(f"epoch-{status['epoch']}"),
-        )
 
-    return arrangement
+def _arrangement_result(key: Any, status: dict[str, Any]) -> dg.MaterializeResult:
+    return dg.MaterializeResult(
+        asset_key=arrangement_key(key.name),
+        metadata={
+            "epoch": status["epoch"],
+            "dagster/row_count": status["rows"],
+            "bytes": status["bytes"],
+            "files": status["files"],
+            "used_by": ", ".join(status["users"]),
+        },
+        data_version=dg.DataVersion(f"epoch-{status['epoch']}"),
+    )
 
 
 FULL_REFRESH_TAG = "ivm/full_refresh"
 """Run tag (value ``true``) that rebuilds every view the run materializes, e.g. a backfill
-launched from the UI's launchpad; per view, the asset config ``full_refresh: true``."""
+launched from the UI's launchpad; or the run config ``full_refresh: true`` of ``ivm_views``."""
 
 
 class ViewRefreshConfig(dg.Config):
-    """Run config of a view asset."""
+    """Run config of the views' op (``ivm_views``)."""
 
     full_refresh: bool = Field(
         default=False,
         description=(
-            "Rebuild the view from its inputs' current state (at a new epoch) instead of "
-            "applying the new changes; the difference to the stored view is committed, so "
-            "downstream views still receive only the changes."
+            "Rebuild the selected views from their inputs' current state (at a new epoch) "
+            "instead of applying the new changes; the difference to each stored view is "
+            "committed, so downstream views still receive only the changes."
         ),
     )
 
@@ -197,19 +191,22 @@ def _full_refresh(context: AssetExecutionContext, config: ViewRefreshConfig) -> 
     return config.full_refresh or context.run.tags.get(FULL_REFRESH_TAG, "") == "true"
 
 
-def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinition:
+VIEWS_OP = "ivm_views"
+"""The op that refreshes views: one subsettable multi-asset, so a run refreshes its selected
+views side by side (``[refresh] parallelism``) in one Spark session."""
+
+
+def _view_spec(engine: Engine, name: str) -> dg.AssetSpec:
     plan = engine.plan.views[name]
     deps = [source_key(s) for s in plan.source_inputs]
     deps += [view_key(v) for v in plan.view_inputs]
     deps += [arrangement_key(a.key.name) for a in engine.plan.arrangements_of(name)]
     deps.append(EPOCH_KEY)
-
-    @dg.asset(
+    return dg.AssetSpec(
         key=view_key(name),
         deps=deps,
         group_name=VIEWS_GROUP,
         code_version=plan.sql_hash,
-        pool=POOL,
         kinds={"spark", "delta"},
         description=f"View {name} ({plan.file}), maintained incrementally.",
         metadata={
@@ -217,25 +214,70 @@ def _view_asset(project: Project, engine: Engine, name: str) -> dg.AssetsDefinit
             "explain": _md_code(engine.explain(name)),
             "table": dg.MetadataValue.path(engine.layout.view_table(name)),
         },
+        skippable=True,
     )
-    def view(
+
+
+def _views_asset(project: Project, engine: Engine) -> dg.AssetsDefinition:
+    """Every plannable view and shared arrangement as one subsettable multi-asset (as dbt
+    models are in dagster-dbt): Dagster shows one asset each with its lineage, and a run hands
+    the views it selected to :meth:`Engine.refresh`, which runs them side by side (each
+    arrangement written once, by the first view that needs it) and skips the readers of a
+    view that fails. The views that refreshed are materialized; then the step fails naming
+    the others. (Arrangements are in the same op: a view -> arrangement -> view chain across
+    two ops would split the run into sequential steps.)"""
+    arrangements = list(engine.plan.arrangements)
+    specs = [_arrangement_spec(engine, k) for k in arrangements]
+    specs += [_view_spec(engine, name) for name in engine.plan.order]
+    # Dagster takes a multi-asset's results in dependency order.
+    order = list(
+        TopologicalSorter({s.key: {d.asset_key for d in s.deps} for s in specs}).static_order()
+    )
+
+    @dg.multi_asset(
+        name=VIEWS_OP,
+        specs=specs,
+        can_subset=True,
+        pool=POOL,
+        description="Refreshes the selected views to the newest epoch, side by side.",
+    )
+    def views(
         context: AssetExecutionContext, pyspark: LazyPySparkResource, config: ViewRefreshConfig
-    ) -> dg.MaterializeResult:
+    ) -> Iterator[dg.MaterializeResult]:
         from resources.spark import check_java
 
         check_java()
         run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        selected = context.selected_asset_keys
+        names = [n for n in run_engine.plan.order if view_key(n) in selected]
+        chosen = [k for k in arrangements if arrangement_key(k.name) in selected]
         full = _full_refresh(context, config)
-        if full:
-            run_engine.epoch_for_rebuild(name)
-        result = run_engine.refresh_view(name, rebuild=full)
+        for name in names if full else []:
+            run_engine.epoch_for_rebuild(name)  # mints one new epoch at most
+        report = run_engine.refresh(names, mint=False, rebuild=full) if names else None
+        for key in chosen:  # those no selected view read are refreshed here
+            run_engine.refresh_arrangement(key)
         crash_point("before_materialization")
-        return dg.MaterializeResult(
-            metadata=view_metadata(run_engine, name, result),
-            data_version=dg.DataVersion(f"epoch-{result.epoch}"),
-        )
+        status = {a["arrangement"]: a for a in run_engine.arrangement_status()}
+        results = {arrangement_key(k.name): _arrangement_result(k, status[str(k)]) for k in chosen}
+        failed = []
+        for result in report.views if report else []:
+            if result.status in ("failed", "skipped"):
+                failed.append(f"{result.view}: {result.status}: {result.error}")
+                continue
+            results[view_key(result.view)] = dg.MaterializeResult(
+                asset_key=view_key(result.view),
+                metadata=view_metadata(run_engine, result.view, result),
+                data_version=dg.DataVersion(f"epoch-{result.epoch}"),
+            )
+        yield from (results[key] for key in order if key in results)
+        if failed:
+            raise dg.Failure(
+                description=f"{len(failed)} of {len(names)} views did not refresh",
+                metadata={"views": dg.MetadataValue.md("\n".join(f"- {f}" for f in failed))},
+            )
 
-    return view
+    return views
 
 
 def _broken_view_asset(name: str, error: IvmError) -> dg.AssetsDefinition:
@@ -311,7 +353,7 @@ def build_assets(project: Project) -> list[Any]:
     engine = Engine(project)
     assets: list[Any] = [_source_asset(project, name, uri) for name, uri in project.sources.items()]
     assets.append(_epoch_asset(project, list(project.sources)))
-    assets.extend(_arrangement_asset(project, engine, k) for k in engine.plan.arrangements)
-    assets.extend(_view_asset(project, engine, name) for name in engine.plan.order)
+    if engine.plan.order:
+        assets.append(_views_asset(project, engine))
     assets.extend(_broken_view_asset(n, e) for n, e in sorted(engine.plan.broken.items()))
     return assets

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, source_key, view_key
+from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, VIEWS_OP, source_key, view_key
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
 from ivm.engine import Engine
@@ -157,7 +157,16 @@ def test_refresh_job_materializes_views(project: Path, spark) -> None:
     instance = dg.DagsterInstance.ephemeral()
     result = job.execute_in_process(instance=instance)
     assert result.success
-    mats = {m.asset_key: m for m in result.asset_materializations_for_node("views__open_orders")}
+    # One step refreshes every view and arrangement (side by side).
+    mats = {m.asset_key: m for m in result.asset_materializations_for_node(VIEWS_OP)}
+    by_cust = dg.AssetKey(["arrangements", "open_orders__by__o_custkey"])
+    assert set(mats) == {view_key(v) for v in VIEWS} | {
+        by_cust,
+        dg.AssetKey(["arrangements", "customer__by__c_custkey"]),
+    }
+    assert mats[by_cust].metadata["epoch"].value == 1
+    steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SUCCESS"}
+    assert steps == {"ivm__epoch", VIEWS_OP}
     meta = mats[view_key("open_orders")].metadata
     assert meta["epoch"].value == 1 and meta["rows_inserted"].value == 20
     assert meta["dagster/row_count"].value == 20
@@ -168,14 +177,15 @@ def test_refresh_job_materializes_views(project: Path, spark) -> None:
     write_deltalake(orders, orders_table(range(30, 33)), mode="append")
     result = job.execute_in_process(instance=instance)
     assert result.success
-    (mat,) = result.asset_materializations_for_node("views__open_orders")
+    mats = {m.asset_key: m for m in result.asset_materializations_for_node(VIEWS_OP)}
+    mat = mats[view_key("open_orders")]
     assert mat.metadata["epoch"].value == 2
     assert mat.metadata["rows_changed"].value == 3  # order 27 opens, +31, +32 (30 is F)
     engine = Engine(project, spark=spark)
     assert all(c.equal for c in compare_views(engine)), [
         c.describe() for c in compare_views(engine)
     ]
-    joined = result.asset_materializations_for_node("views__customer_orders")[0].metadata
+    joined = mats[view_key("customer_orders")].metadata
     assert joined["epoch"].value == 2 and joined["rows_changed"].value == 1
     assert any(k.startswith("arrangement ") for k in joined)
     record = instance.get_latest_materialization_event(view_key("vip_open_orders"))
@@ -278,7 +288,10 @@ def test_instance_settings_serialize_lake_writes(project: Path) -> None:
         if isinstance(a, dg.AssetsDefinition)
         and any(k.path[0] in ("views", "arrangements", "ivm") for k in a.keys)
     ]
-    assert len(writers) > 3 and all(a.op.pool == POOL for a in writers)
+    written = {k for a in writers for k in a.keys}
+    assert {view_key(v) for v in VIEWS} | {EPOCH_KEY} <= written
+    assert any(k.path[0] == "arrangements" for k in written)
+    assert all(a.op.pool == POOL for a in writers)
 
 
 def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> None:
@@ -290,9 +303,10 @@ def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> 
     defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[one]))
     result = defs.resolve_job_def("one").execute_in_process(
         instance=instance,
-        run_config={"ops": {"views__open_orders": {"config": {"full_refresh": True}}}},
+        run_config={"ops": {VIEWS_OP: {"config": {"full_refresh": True}}}},
     )
-    (mat,) = result.asset_materializations_for_node("views__open_orders")
+    (mat,) = result.asset_materializations_for_node(VIEWS_OP)
+    assert mat.asset_key == view_key("open_orders")
     assert mat.metadata["status"].value == "rebuilt" and mat.metadata["epoch"].value == 2
     assert mat.metadata["rows_changed"].value == 0  # same data: downstream receives nothing
     # Every view of a run, by the run tag; then a broken view fails alone.
@@ -322,6 +336,25 @@ def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> 
         "broken.sql:1:30: unknown column 'nope' in source orders"
         in failure.step_failure_data.error.cause.message
     )
-    assert len(result.asset_materializations_for_node("views__open_orders")) == 1
+    refreshed = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
+    assert {k for k in refreshed if k.path[0] == "views"} == {view_key(v) for v in VIEWS}
     engine = Engine(project, spark=spark)
     assert all(c.equal for c in compare_views(engine))
+    # A view that fails at run time: the others materialize, its readers are skipped, and
+    # the step fails naming them.
+    (project / "views" / "broken.sql").unlink()
+    table = engine.layout.view_table("open_orders")
+    write_deltalake(table, DeltaTable(table).to_pyarrow_table().slice(0, 0), mode="overwrite")
+    DeltaTable(orders).delete("o_orderkey < 6")
+    result = (
+        build_definitions(project)
+        .resolve_job_def(REFRESH_JOB)
+        .execute_in_process(instance=instance, raise_on_error=False)
+    )
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert failure.step_key == VIEWS_OP
+    listed = failure.step_failure_data.user_failure_data.metadata["views"].value
+    assert "open_orders: failed: view 'open_orders' epoch" in listed
+    assert "vip_open_orders: skipped" in listed and "customer_orders: skipped" in listed
+    refreshed = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
+    assert view_key("customers_upper") in refreshed and view_key("open_orders") not in refreshed
