@@ -284,7 +284,7 @@ def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> lis
         )
         say(
             f"  sweep {change:.2%}: incremental {inc:.1f}s | recompute {recompute:.1f}s | "
-            f"rule {auto:.1f}s ({recomputed} recomputed; inputs changed up to {share:.1%}) | "
+            f"rule {auto:.1f}s ({recomputed} recomputed; inputs changed up to {share:.2%}) | "
             f"Spark full {full:.1f}s"
         )
     check_views(engine, f"sweep at SF {scale:g}")
@@ -418,7 +418,7 @@ def write_markdown(
         ]
         for p in swept:
             lines.append(
-                f"| {p.change:.2%} | {p.share:.1%} | {p.incremental:.1f} | {p.recompute:.1f} | "
+                f"| {p.change:.2%} | {p.share:.2%} | {p.incremental:.1f} | {p.recompute:.1f} | "
                 f"{p.auto:.1f} ({p.recomputed}) | {p.spark_full:.1f} | {p.duckdb_full:.1f} | "
                 f"{p.spark_full / p.incremental:.2f}x |"
             )
@@ -477,14 +477,14 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
         )
         crossover = (
             f"the engine's own recompute is faster from {min(p.change for p in behind):.2%} "
-            f"(input share {min(p.share for p in behind):.1%})"
+            f"(input share {min(p.share for p in behind):.2%})"
             if behind
             else "the engine's own recompute never beat the incremental refresh"
         )
         if ahead:
             crossover += (
                 f"; incremental is faster up to {max(p.change for p in ahead):.2%} "
-                f"(input share {max(p.share for p in ahead):.1%})"
+                f"(input share {max(p.share for p in ahead):.2%})"
             )
         out += [
             "",
