@@ -845,9 +845,9 @@ class Engine:
                     changed += source_change_rows(self.spark, source, rng[0], rng[1], e)
             total += source_rows(source, epochs[target].ranges[coll][1])
         for coll in plan.view_inputs:
-            log_uri, table_uri = self.layout.view_log(coll), self.layout.view_table(coll)
+            log_uri = self.layout.view_log(coll)
             changed += sum(f.num_records or 0 for f in log_files_between(log_uri, done, target))
-            total += sum(f.num_records or 0 for f in table_files(table_uri))
+            total += self._rows_hint(coll) or 0
         return changed, total
 
     def _recompute_reason(self, plan: ViewPlan, done: int, target: int) -> str | None:

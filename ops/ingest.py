@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
@@ -81,27 +82,47 @@ def source_snapshot(
     )
 
 
+@dataclass
+class _Changes:
+    """A source's updates for one version range: their number, known on the driver (the change
+    feed's rows, or the appended files' or the snapshot's row counts from the log), and the
+    DataFrame, made on first demand (deciding to recompute needs only the number)."""
+
+    rows: int
+    make: Callable[[], DataFrame] | None
+    df: DataFrame | None = None
+
+    def frame(self) -> DataFrame:
+        if self.df is None:
+            assert self.make is not None
+            self.df, self.make = self.make(), None  # drop the driver's copy once in Spark
+        return self.df
+
+
 def source_changes(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
-) -> tuple[DataFrame, int]:
-    """The updates of a source for versions ``(lower, upper]``, all at time ``epoch``, and how
-    many there are (known without Spark: the change feed's rows, or the appended files' or
-    the snapshot's row counts from the log).
+) -> _Changes:
+    """The updates of a source for versions ``(lower, upper]``, all at time ``epoch``.
 
     Raises:
         ChangeFeedError: the range deletes or rewrites data and has no readable CDF.
     """
     if lower is None:
-        return source_snapshot(spark, source, upper, epoch), source_rows(source, upper)
+        return _Changes(
+            source_rows(source, upper), lambda: source_snapshot(spark, source, upper, epoch)
+        )
     schema = source.arrow_schema(upper)
+
+    def updates(df: DataFrame) -> DataFrame:
+        return (
+            _lower_names(df)
+            .withColumn(TIME, F.lit(epoch).cast("bigint"))
+            .select(*[c.lower() for c in schema.names], TIME, DIFF)
+        )
+
     if upper <= lower:
         empty = spark.createDataFrame([], from_arrow_schema(schema))
-        df = (
-            _lower_names(empty)
-            .withColumn(TIME, F.lit(epoch).cast("bigint"))
-            .withColumn(DIFF, F.lit(1).cast("bigint"))
-        )
-        return df, 0
+        return _Changes(0, lambda: updates(empty.withColumn(DIFF, F.lit(1).cast("bigint"))))
     try:
         added = source.appended_files(lower, upper)
     except ChangeFeedError:
@@ -109,19 +130,17 @@ def source_changes(
             raise
         added = None
     if added is not None:
-        df = read_files(spark, added, schema, source.partition_columns(upper))
-        df = df.withColumn(DIFF, F.lit(1).cast("bigint"))
-        rows = sum(f.num_records or 0 for f in added)
-    else:
-        changes = source.changes(lower, upper).drop_columns(["_commit_version"])
-        df = spark.createDataFrame(changes)
-        rows = changes.num_rows
-    df = (
-        _lower_names(df)
-        .withColumn(TIME, F.lit(epoch).cast("bigint"))
-        .select(*[c.lower() for c in schema.names], TIME, DIFF)
-    )
-    return df, rows
+        partitions = source.partition_columns(upper)
+        return _Changes(
+            sum(f.num_records or 0 for f in added),
+            lambda: updates(
+                read_files(spark, added, schema, partitions).withColumn(
+                    DIFF, F.lit(1).cast("bigint")
+                )
+            ),
+        )
+    changes = source.changes(lower, upper).drop_columns(["_commit_version"])
+    return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)))
 
 
 def source_rows(source: SourceTable, version: int) -> int:
@@ -129,7 +148,7 @@ def source_rows(source: SourceTable, version: int) -> int:
     return sum(f.num_records or 0 for f in source.files(version))
 
 
-_MEMO: OrderedDict[tuple, tuple[DataFrame, int]] = OrderedDict()
+_MEMO: OrderedDict[tuple, _Changes] = OrderedDict()
 _MEMO_SIZE = 64
 _MEMO_LOCK = threading.Lock()
 
@@ -144,28 +163,30 @@ def source_changes_once(
     The key holds the table's id, not only its path: a table deleted and created again at the
     same path starts its versions over with other rows.
     """
-    return _changes_memo(spark, source, lower, upper, epoch)[0]
+    with _MEMO_LOCK:  # views refreshed at once: the first reads, the others wait for it
+        return _changes_memo(spark, source, lower, upper, epoch).frame()
 
 
 def source_change_rows(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
 ) -> int:
     """How many updates :func:`source_changes_once` gives (an update counts twice: its
-    pre- and post-image). Reads the change feed if no view has yet (it is kept for them)."""
-    return _changes_memo(spark, source, lower, upper, epoch)[1]
+    pre- and post-image). Reads the change feed on the driver if no view has yet (kept for
+    them); hands nothing to Spark."""
+    with _MEMO_LOCK:
+        return _changes_memo(spark, source, lower, upper, epoch).rows
 
 
 def _changes_memo(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
-) -> tuple[DataFrame, int]:
+) -> _Changes:
+    """The memo's entry for the range (read now if missing); the caller holds the lock."""
     key = (spark.sparkContext.applicationId, source.uri, source.identity(), lower, upper, epoch)
-    with _MEMO_LOCK:  # views refreshed at once: the first reads, the others wait for it
-        found = _MEMO.get(key)
-        if found is None:
-            found = source_changes(spark, source, lower, upper, epoch)
-            _MEMO[key] = found
-            while len(_MEMO) > _MEMO_SIZE:
-                _MEMO.popitem(last=False)
+    found = _MEMO.get(key)
+    if found is None:
+        found = _MEMO[key] = source_changes(spark, source, lower, upper, epoch)
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
     return found
 
 
