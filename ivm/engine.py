@@ -1099,15 +1099,19 @@ class Engine:
             # Retyped columns: every reader is rebuilt from snapshots (see _input_types), so
             # none reads before ``target``, and older updates would have the old types.
             since = target if retyped else min([r for r in readers if r > 0] + [target])
-            updates = self._collection_updates(key.collection, 0, since)
+            # A snapshot's rows are already updates (d, since, +1): summing equal ones would
+            # only merge duplicate rows, at the price of shuffling the whole collection (SF1
+            # lineitem: 15.2s -> 8.2s to build). Lookups consolidate what they read.
+            updates = self._collection_updates(key.collection, 0, since).select(*cols, TIME, DIFF)
             if since < target:
+                changes = self._collection_updates(key.collection, since, target)
                 updates = updates.unionByName(
-                    self._collection_updates(key.collection, since, target)
+                    consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
                 )
         else:
             since = int(info["ivm.since"])
-            updates = self._collection_updates(key.collection, done, target)
-        updates = consolidate(updates.select(*cols, TIME, DIFF), aplan.columns)
+            changes = self._collection_updates(key.collection, done, target)
+            updates = consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
         started = time.perf_counter()
         result = write_updates(
             updates,
