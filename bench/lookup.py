@@ -1,9 +1,9 @@
 """Arrangement lookups: pushed-down ``key IN (...)`` scans against one scan and a semi-join.
 
-``python -m bench.lookup [ARRANGEMENT] [--keys 25,400,1600,4000] [--runs 2]`` looks up random
+``python -m bench.lookup [ARRANGEMENT] [--keys 5,20,50,400] [--runs 2]`` looks up random
 keys of an arrangement (default: SF1's ``lineitem`` by ``l_orderkey`` from ``./dev bench``)
 both ways, alternating, in one warm Spark session, and prints the seconds of each (lookup
-plus a count of its rows). ``ops.arrange.MAX_PUSHDOWN_SCANS`` comes from these figures.
+plus a count of its rows). ``ops.arrange.PUSHED_KEYS`` comes from these figures.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DEFAULT = Path(__file__).resolve().parent / "work/sf1/project/lake/arrangements"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.lookup", description=__doc__)
     parser.add_argument("arrangement", nargs="?", default=str(DEFAULT / "lineitem__by__l_orderkey"))
-    parser.add_argument("--keys", default="25,400,1600,4000")
+    parser.add_argument("--keys", default="5,20,50,400")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.arrangement}: {rows:,} updates, {len(values):,} keys", flush=True)
     if not {TIME, DIFF} <= set(schema.names):
         raise SystemExit(f"{args.arrangement} is not an arrangement (no {TIME}/{DIFF} columns)")
-    scans = arrange.MAX_PUSHDOWN_SCANS
+    pushed = arrange.PUSHED_KEYS
     rng = random.Random(7)
     try:
         for n in (int(k) for k in args.keys.split(",")):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     wanted = spark.createDataFrame(
                         [(k,) for k in rng.sample(values, n)], f"`{key}` {key_type.simpleString()}"
                     )
-                    arrange.MAX_PUSHDOWN_SCANS = 0 if mode == "read once" else 10**6
+                    arrange.PUSHED_KEYS = 0 if mode == "read once" else 10**9
                     started = time.perf_counter()
                     found, _ = arrange.lookup(spark, args.arrangement, schema, [key], wanted, 2**62)
                     count = found.count()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     finally:
-        arrange.MAX_PUSHDOWN_SCANS = scans
+        arrange.PUSHED_KEYS = pushed
     return 0
 
 

@@ -34,17 +34,19 @@ from ops.sink import append_updates
 from resources.lake import CommitResult, table_file_stats
 
 PUSHDOWN_KEYS = 400
-"""Keys per pushed-down ``key IN (...)`` scan. Spark turns the list into a chain of ORs
-for Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key
-sets are split into several scans (each prunes files by its own key range)."""
+"""Values per pushed-down ``IN (...)`` list. Spark turns the list into a chain of ORs for
+Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key sets
+are split into several scans (each prunes files by its own key range)."""
 
-MAX_PUSHDOWN_SCANS = 1
-"""Beyond this many pushed-down scans, or when the pages the keys fall in (about one page
-per key) would cover more than a quarter of the arrangement, a lookup reads it once and
-semi-joins with the broadcast keys. Measured on SF1's ``lineitem`` arrangement (6M rows,
-``python -m bench.lookup``, two sessions): 25-400 keys cost about the same either way
-(2-4s), 1,600 keys 2.7-5.3s pushed down in 4 scans against 2.3-2.8s read once, 4,000 keys
-9-14s against 1.9s: each extra scan re-reads every footer and page index."""
+PUSHED_KEYS = 16
+"""A lookup pushes ``key IN (...)`` into its Parquet scan (so the page index skips pages)
+only for at most this many distinct first-key values; for more it reads the files whose key
+range admits a key once and semi-joins with the broadcast keys. Checking a page against
+each value costs more than reading it: ``python -m bench.lookup``, alternated in one
+session, pushed down against read once, SF1 ``lineitem`` (6.2M updates): 50 keys 3.0-3.4s
+against 2.5-3.0s, 400 keys 3.9-4.3s against 2.6-2.7s; SF3 (18M): 5 keys 1.0-1.2s against
+1.8s, 20 keys 1.8-3.0s against 2.6-2.7s, 50 keys 6.0-8.8s against 4.3-4.9s, 400 keys 13-15s
+against 4.8-5.1s."""
 
 ROWS_PER_FILE = 500_000
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -132,8 +134,9 @@ def lookup(
     """The arrangement's state at ``as_of`` for the keys in ``keys`` (columns named ``key``).
 
     Collects the stream's distinct keys (proportional to the change) to prune files by their
-    key statistics and push ``key IN (...)`` into each scan, so Parquet's page index skips
-    the pages holding none of them. NULL keys match nothing (SQL).
+    key statistics; for a few keys (:data:`PUSHED_KEYS`) it also pushes ``key IN (...)`` into
+    the scan, so Parquet's page index skips the pages holding none of them. NULL keys match
+    nothing (SQL).
 
     Args:
         measure: also run the scans once on their own and record the rows Spark actually
@@ -157,9 +160,7 @@ def lookup(
     live_rows = sum(f.file.num_records or 0 for f in live)
     if not first:
         scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
-    elif (
-        len(first) <= PUSHDOWN_KEYS * MAX_PUSHDOWN_SCANS and 4 * len(first) * PAGE_ROWS < live_rows
-    ):
+    elif len(first) <= PUSHED_KEYS and 4 * len(first) * PAGE_ROWS < live_rows:
         scans = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
             chunk = first[i : i + PUSHDOWN_KEYS]
