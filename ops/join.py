@@ -4,7 +4,9 @@ From scratch: ``A ⋈ B ⋈ C`` over the inputs' snapshots (diff = multiplicity)
 the first path's order. Incremental (seed 001): one path per input; path ``i`` starts from
 ``ΔI`` and, stage by stage, looks up the next input's arrangement for the keys present in the
 stream only, at the new time for inputs before ``i`` and the old time for inputs after it.
-Diffs multiply; every output update is stamped with the new time. Both renderings apply each
+The paths advance together, stage by stage, and the stages that read one arrangement at one
+time share one lookup for the union of their keys. Diffs multiply; every output update is
+stamped with the new time. Both renderings apply each
 input's own filter and map before it meets the others, and each residual predicate as soon as
 all its inputs are joined.
 
@@ -147,27 +149,34 @@ def render_join_delta(
             TIME, F.lit(new).cast("bigint")
         )
         return changes.unionByName(anti.withColumn(DIFF, -F.col(DIFF)))
-    parts = []
-    for path in plan_paths(join):
+    paths = plan_paths(join)
+    streams = []
+    for path in paths:
         inp = join.inputs[path.source]
-        stream = prepare(inp, deltas[inp.get.collection]).withColumn(
-            TIME, F.lit(new).cast("bigint")
-        )
-        for stage in path.stages:
-            keys = stream.select(
-                *[
-                    F.col(f"`{s}`").alias(k)
-                    for s, k in zip(stage.stream_keys, stage.arrangement.key, strict=True)
-                ]
-            )
-            state = lookup(stage, keys, new if stage.as_of == "new" else old)
-            right = prepare(join.inputs[stage.input], state.withColumn(TIME, F.lit(new)))
-            stream = _join_stage(stream, right, stage)
-            if stage is not path.stages[-1]:
-                # The next lookup collects this stream's keys, and the view's updates read
-                # it again: compute it (and the lookup scans behind it) once.
-                stream = materialize(stream)
-        parts.append(_ordered(stream, join))
+        delta = prepare(inp, deltas[inp.get.collection])
+        streams.append(delta.withColumn(TIME, F.lit(new).cast("bigint")))
+    for depth in range(len(join.inputs) - 1):
+        # The paths advance stage by stage together, so the stages that read one arrangement
+        # at one time share a single lookup (one scan) with the union of their keys.
+        shared: dict[tuple[ArrangementKey, int], list[int]] = {}
+        for i, path in enumerate(paths):
+            stage = path.stages[depth]
+            at = new if stage.as_of == "new" else old
+            shared.setdefault((stage.arrangement, at), []).append(i)
+        for (_, at), users in shared.items():
+            keys = [_stage_keys(streams[i], paths[i].stages[depth]) for i in users]
+            state = lookup(paths[users[0]].stages[depth], reduce(DataFrame.unionByName, keys), at)
+            if len(users) > 1:
+                state = materialize(state)
+            for i in users:
+                stage = paths[i].stages[depth]
+                right = prepare(join.inputs[stage.input], state.withColumn(TIME, F.lit(new)))
+                streams[i] = _join_stage(streams[i], right, stage)
+                if depth < len(paths[i].stages) - 1:
+                    # The next lookup collects this stream's keys, and the view's updates read
+                    # it again: compute it (and the lookup scans behind it) once.
+                    streams[i] = materialize(streams[i])
+    parts = [_ordered(stream, join) for stream in streams]
     for side in join.preserve:
         pairs = _key_pairs(join, side)
         mine, other = join.inputs[side], join.inputs[1 - side]
@@ -175,6 +184,16 @@ def render_join_delta(
         other_schema = prepare(other, deltas[other.get.collection])
         parts.append(_pad(unmatched, join, side, other_schema))
     return reduce(DataFrame.unionByName, parts)
+
+
+def _stage_keys(stream: DataFrame, stage: LookupStage) -> DataFrame:
+    """The stream's columns a stage matches, named as the arrangement's key."""
+    return stream.select(
+        *[
+            F.col(f"`{s}`").alias(k)
+            for s, k in zip(stage.stream_keys, stage.arrangement.key, strict=True)
+        ]
+    )
 
 
 def _stage_for(inp: JoinInput, keys: list[str]) -> LookupStage:

@@ -109,6 +109,10 @@ def test_delta_joins_match_duckdb(spark, make_project, tmp_path):
     # Lookups happened through arrangements, reading only some keys.
     report_views = {v.view: v for v in report.views}
     assert report_views["order_lines"].lookups
+    # The paths from customers' and from orders' changes both read lines at the old time:
+    # they share one lookup (one scan) instead of one each.
+    shared = report_views["cust_order_lines"].lookups
+    assert shared["lines[l_order]"].lookups == 1, shared
 
 
 def test_views_share_arrangements(make_project, tmp_path):
