@@ -6,9 +6,8 @@ the first path's order. Incremental (seed 001): one path per input; path ``i`` s
 stream only, at the new time for inputs before ``i`` and the old time for inputs after it.
 The paths advance together, stage by stage, and the stages that read one arrangement at one
 time share one lookup for the union of their keys. Diffs multiply; every output update is
-stamped with the new time. Both renderings apply each
-input's own filter and map before it meets the others, and each residual predicate as soon as
-all its inputs are joined.
+stamped with the new time. Both renderings apply each input's own filter and map before it
+meets the others, and each residual predicate as soon as all its inputs are joined.
 
 Outer joins add each preserved input's unmatched rows, and semi/anti joins keep an input's
 rows with (without) a match. Neither is bilinear, so their change is computed from per-key
