@@ -29,7 +29,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.errors import ChangeFeedError
 from ops import DIFF, TIME
-from resources.lake import DataFile, SourceTable, table_file_stats, table_files
+from resources.lake import DataFile, FileStats, SourceTable, table_file_stats, table_files
 
 
 def read_files(
@@ -190,15 +190,32 @@ def _changes_memo(
     return found
 
 
-def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:
-    """Files of a diff log that may hold updates with ``lo < _time <= hi`` (stats pruning)."""
+def _log_stats_between(log_uri: str, lo: int, hi: int) -> list[FileStats]:
     out = []
     for fs in table_file_stats(log_uri, [TIME]):
         tmin, tmax = fs.mins.get(TIME), fs.maxs.get(TIME)
         if tmin is not None and tmax is not None and (tmax <= lo or tmin > hi):
             continue
-        out.append(fs.file)
+        out.append(fs)
     return out
+
+
+def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:
+    """Files of a diff log that may hold updates with ``lo < _time <= hi`` (stats pruning)."""
+    return [fs.file for fs in _log_stats_between(log_uri, lo, hi)]
+
+
+def log_single_time(log_uri: str, lo: int, hi: int) -> bool:
+    """Whether every file of the log that may hold updates in ``(lo, hi]`` holds only one and
+    the same time (by statistics). The log is consolidated per ``(data, time)``, so its
+    updates in the range are then already consolidated per data: no shuffle needed."""
+    times = set()
+    for fs in _log_stats_between(log_uri, lo, hi):
+        tmin, tmax = fs.mins.get(TIME), fs.maxs.get(TIME)
+        if tmin is None or tmin != tmax:
+            return False
+        times.add(tmin)
+    return len(times) == 1
 
 
 def view_changes(

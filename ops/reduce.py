@@ -321,9 +321,14 @@ def _climb(store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame) 
             store.progress(f"{branch.name}: no change reaches level {level}")
             break
         parents = delta.select(*[_c(k) for k in keys], _c("_p")).distinct()
-        children = store.read_consolidated(
-            tables[level - 1], [*keys, "_p"], parents, store.new, delta
-        )
+        if store.old == 0:
+            # A build: the level below holds exactly ``delta`` (all at ``new``), so its
+            # buckets' children need no lookup of the table just written.
+            children = delta.drop(TIME)
+        else:
+            children = store.read_consolidated(
+                tables[level - 1], [*keys, "_p"], parents, store.new, delta
+            )
         fresh = tower.combine(children.drop("_b"), [*keys, "_p"], level == 1)
         fresh = fresh.withColumnRenamed("_p", "_b")
         fresh = fresh.withColumn("_p", _parent(_c("_b")))
