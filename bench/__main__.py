@@ -525,7 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         "absolute number of orders",
     )
     parser.add_argument(
-        "--sweep", default="", help="change fractions to sweep, e.g. 0.0001,0.01,0.1"
+        "--sweep",
+        default="0.0001,0.01,0.03,0.1",
+        help="change fractions to sweep at --sweep-scale (0.0001,0.01,0.03,0.1); '' for none",
     )
     parser.add_argument("--sweep-scale", type=float, default=0.1)
     parser.add_argument(
