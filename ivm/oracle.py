@@ -23,6 +23,16 @@ import pyarrow as pa
 from ivm.errors import IvmError
 from resources.lake import open_table
 
+MEMORY_LIMIT = "4GB"
+"""DuckDB's memory cap here (its default is 80% of the machine): past it, it spills to disk.
+The sources are scanned as datasets, never loaded whole into the Python process."""
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    return con
+
 
 def _normalize(value: Any) -> Any:
     if isinstance(value, float):
@@ -64,6 +74,22 @@ class Comparison:
         )
 
 
+def _dataset(dt: Any) -> Any:
+    """A Delta snapshot as a pyarrow dataset DuckDB scans file by file, reading only the
+    columns it needs. Strings are read as ``string_view``: DuckDB pushes its filters down
+    with ``string_view`` constants, which pyarrow cannot compare with ``string`` columns."""
+    base = dt.to_pyarrow_dataset()
+    schema = pa.schema(
+        [
+            f.with_type(pa.string_view())
+            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            else f
+            for f in base.schema
+        ]
+    )
+    return dt.to_pyarrow_dataset(schema=schema)
+
+
 def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table]:
     """Evaluate every view of ``engine``'s project with DuckDB at ``epoch`` (default: latest).
 
@@ -75,15 +101,14 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
     if not epochs:
         raise IvmError("no epoch minted yet: nothing to compare")
     record = epochs[epoch if epoch is not None else max(epochs)]
-    con = duckdb.connect()
+    con = _connect()
     try:
         for name, source in engine.sources.items():
             version = record.ranges[name][1]
             dt = open_table(source.uri, version)
             if dt is None:
                 raise IvmError(f"source {name!r}: no table at {source.uri}")
-            table = dt.to_pyarrow_table()
-            con.register(f"__src_{name}", table)
+            con.register(f"__src_{name}", _dataset(dt))
             valid = engine.contract_predicate(name, "duckdb")  # a contract's valid rows
             where = f" WHERE {valid}" if valid else ""
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "__src_{name}"{where}')
@@ -127,20 +152,43 @@ def compare_views(engine: Any, views: Iterable[str] | None = None) -> list[Compa
         epoch = engine.view_status(name).table_epoch
         if epoch not in by_epoch:
             by_epoch[epoch] = duckdb_evaluate(engine, epoch)
-        actual_table = engine.read_view(name)
-        expected = table_multiset(align_types(by_epoch[epoch][name], actual_table))
-        actual = table_multiset(actual_table)
-        results.append(
-            Comparison(
-                name,
-                epoch,
-                sum(expected.values()),
-                sum(actual.values()),
-                expected - actual,
-                actual - expected,
-            )
-        )
+        actual = engine.read_view(name)
+        expected = align_types(by_epoch[epoch][name], actual)
+        missing, extra = multiset_differences(expected, actual)
+        results.append(Comparison(name, epoch, expected.num_rows, actual.num_rows, missing, extra))
     return results
+
+
+def _kind(t: pa.DataType) -> str:
+    """A column type as DuckDB compares it (every string layout is one VARCHAR)."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    return str(t)
+
+
+def multiset_differences(expected: pa.Table, actual: pa.Table) -> tuple[Counter, Counter]:
+    """``(expected - actual, actual - expected)`` as multisets (floats rounded to 9 places,
+    decimals exact), computed by DuckDB's ``EXCEPT ALL`` so that only the differences reach
+    Python; with columns of different types, row by row in Python."""
+    if [_kind(t) for t in expected.schema.types] != [_kind(t) for t in actual.schema.types]:
+        want, got = table_multiset(expected), table_multiset(actual)
+        return want - got, got - want
+    cols = ", ".join(
+        f'round("{f.name}", 9)' if pa.types.is_floating(f.type) else f'"{f.name}"'
+        for f in actual.schema
+    )
+    con = _connect()
+    try:
+        con.register("__expected", expected)
+        con.register("__actual", actual)
+
+        def minus(a: str, b: str) -> Counter:
+            rows = con.sql(f"SELECT {cols} FROM {a} EXCEPT ALL SELECT {cols} FROM {b}")
+            return multiset(rows.fetchall())
+
+        return minus("__expected", "__actual"), minus("__actual", "__expected")
+    finally:
+        con.close()
 
 
 def log_multiset(engine: Any, view: str, upto: int) -> Counter:

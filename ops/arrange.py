@@ -146,8 +146,11 @@ def lookup(
         raw: return the matching updates themselves (``_time`` kept, nothing summed), for
             state tables whose rows are sums rather than multiplicities.
     """
-    wanted = keys.distinct() if null_safe else keys.dropna().distinct()
-    rows = wanted.collect()
+    # The keys come to the driver once (Arrow), and the semi-join probes that local copy:
+    # the stream behind ``keys`` is not computed again by the scan's job.
+    found = (keys.distinct() if null_safe else keys.dropna().distinct()).toArrow()
+    wanted = spark.createDataFrame(found)
+    rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
     stats = LookupStats(lookups=1, keys=len(rows))
     columns = [c for c in schema.names if c not in (TIME, DIFF)]
     files = table_file_stats(uri, [key[0], TIME])
