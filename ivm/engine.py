@@ -1202,15 +1202,15 @@ class Engine:
         """The net change ``(columns..., _diff)`` the readable table needs, from the log."""
         from ops import DIFF
         from ops.consolidate import consolidate
-        from ops.ingest import log_single_time, view_changes
+        from ops.ingest import single_time, view_changes
 
         log_uri = self.layout.view_log(plan.name)
         df, files = view_changes(
             self.spark, log_uri, self.table_schema(log_uri), table_done, target
         )
-        if log_single_time(log_uri, table_done, target):  # one epoch's updates: consolidated
-            return df.select(*[f"`{c}`" for c in plan.columns], DIFF), files
-        return consolidate(df, plan.columns, by_time=False), files
+        if single_time(files):  # one epoch's updates: already consolidated
+            return df.select(*[f"`{c}`" for c in plan.columns], DIFF), len(files)
+        return consolidate(df, plan.columns, by_time=False), len(files)
 
     def table_schema(self, uri: str) -> pa.Schema:
         dt = open_table(uri)

@@ -205,12 +205,11 @@ def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:
     return [fs.file for fs in _log_stats_between(log_uri, lo, hi)]
 
 
-def log_single_time(log_uri: str, lo: int, hi: int) -> bool:
-    """Whether every file of the log that may hold updates in ``(lo, hi]`` holds only one and
-    the same time (by statistics). The log is consolidated per ``(data, time)``, so its
-    updates in the range are then already consolidated per data: no shuffle needed."""
+def single_time(files: Sequence[FileStats]) -> bool:
+    """Whether diff-log files hold, by their statistics, one and the same time. The log is
+    consolidated per ``(data, time)``, so their updates are then consolidated per data."""
     times = set()
-    for fs in _log_stats_between(log_uri, lo, hi):
+    for fs in files:
         tmin, tmax = fs.mins.get(TIME), fs.maxs.get(TIME)
         if tmin is None or tmin != tmax:
             return False
@@ -220,11 +219,12 @@ def log_single_time(log_uri: str, lo: int, hi: int) -> bool:
 
 def view_changes(
     spark: SparkSession, log_uri: str, schema: pa.Schema, lo: int, hi: int
-) -> tuple[DataFrame, int]:
-    """A view's updates with ``lo < _time <= hi`` from its diff log, and the files opened."""
-    files = log_files_between(log_uri, lo, hi)
-    df = read_files(spark, files, schema)
-    return df.where((F.col(TIME) > lo) & (F.col(TIME) <= hi)), len(files)
+) -> tuple[DataFrame, list[FileStats]]:
+    """A view's updates with ``lo < _time <= hi`` from its diff log, and the files opened
+    (with their ``_time`` statistics)."""
+    files = _log_stats_between(log_uri, lo, hi)
+    df = read_files(spark, [fs.file for fs in files], schema)
+    return df.where((F.col(TIME) > lo) & (F.col(TIME) <= hi)), files
 
 
 def view_state(
