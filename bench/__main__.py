@@ -515,7 +515,7 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--scales", default="0.1,1", help="TPC-H scale factors (0.1,1)")
+    parser.add_argument("--scales", default="0.1,1,3", help="TPC-H scale factors (0.1,1,3)")
     parser.add_argument("--runs", type=int, default=3, help="change batches per scale (3)")
     parser.add_argument(
         "--change",
