@@ -29,7 +29,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ivm.plan.reduce import state_tables
-from resources.lake import local_path, open_table, replace_files, table_files, table_lock
+from resources.lake import (
+    local_path,
+    open_for_write,
+    open_table,
+    replace_files,
+    table_files,
+    table_lock,
+)
 
 SINCE = "ivm.since"
 COMPACTED = "ivm.compacted"
@@ -230,7 +237,7 @@ def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
         return
     app_id = engine.app_id(uri)
     with table_lock(uri):
-        dt = open_table(uri)
+        dt = open_for_write(uri)
         epoch = dt.transaction_version(app_id) or 0
         dt.optimize.compact(
             commit_properties=CommitProperties(

@@ -59,6 +59,7 @@ from resources.lake import (
     commit_files,
     last_commit_metadata,
     now_utc,
+    open_for_write,
     open_table,
     read_epochs,
     table_files,
@@ -1338,7 +1339,7 @@ class Engine:
         the retention (default 7 days). Returns files deleted per table."""
         out = {}
         for uri in self.lake_tables():
-            dt = open_table(uri)
+            dt = open_for_write(uri)
             deleted = dt.vacuum(
                 retention_hours=int(retention_hours),
                 enforce_retention_duration=False,

@@ -27,9 +27,13 @@ import fcntl
 import json
 import math
 import os
+import re
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -85,12 +89,118 @@ class LakeLayout:
         return os.path.relpath(table_uri, root) if "://" not in root else table_uri[len(root) :]
 
 
-def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
-    """The Delta table at ``uri`` (optionally at ``version``), or None if there is none."""
-    try:
-        if not DeltaTable.is_deltatable(uri):
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+SNAPSHOTS_KEPT = 256
+"""How many opened table snapshots a process keeps (least recently used out first)."""
+
+
+class _Snapshots:
+    """Opened Delta tables by ``(uri, version)``: a version is immutable, so one handle serves
+    every reader of it. A refresh opens the same few tables hundreds of times (their epoch,
+    schema, files, commit metadata) while they do not change; replaying their logs each time
+    cost more than the Spark work of a small change.
+
+    The newest version of a local table comes from its log's file names (a directory
+    listing, no file read); other tables are opened afresh each time. Handles given out are
+    read-only by convention: writers (commits, vacuum, OPTIMIZE) open their own
+    (:func:`open_for_write`).
+    """
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._lock = threading.Lock()
+        self._tables: OrderedDict[tuple, DeltaTable] = OrderedDict()
+        self._ids: dict[int, tuple] = {}  # id(handle) -> its key, while cached
+        self._memo: dict[tuple[int, str], Any] = {}
+
+    @staticmethod
+    def newest(uri: str) -> int | None:
+        """The newest committed version of a local table (None: no table there)."""
+        try:
+            names = os.listdir(os.path.join(local_path(uri), "_delta_log"))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return DeltaTable(uri, version=version)
+        versions = [int(m.group(1)) for n in names if (m := _COMMIT_FILE.match(n))]
+        return max(versions) if versions else None
+
+    @staticmethod
+    def commit_file(uri: str, version: int) -> tuple[int, int] | None:
+        """The identity of a version's commit file (size, CRC-32 of its bytes), or None if it
+        is gone (a log cleaned up behind a checkpoint). A table dropped and created again at
+        the same path reuses version numbers, not commit contents (they hold timestamps and
+        file names)."""
+        path = os.path.join(local_path(uri), "_delta_log", f"{version:020d}.json")
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return None
+        return len(data), zlib.crc32(data)
+
+    def open(self, uri: str, version: int) -> DeltaTable:
+        ident = self.commit_file(uri, version)
+        if ident is None:
+            return DeltaTable(uri, version=version)
+        key = (uri.rstrip("/"), version, *ident)
+        with self._lock:
+            dt = self._tables.get(key)
+            if dt is not None:
+                self._tables.move_to_end(key)
+                return dt
+        dt = DeltaTable(uri, version=version)  # outside the lock: opens run in parallel
+        with self._lock:
+            self._tables[key] = dt
+            self._ids[id(dt)] = key
+            while len(self._tables) > self._kept:
+                _, old = self._tables.popitem(last=False)
+                self._ids.pop(id(old), None)
+                for k in [k for k in self._memo if k[0] == id(old)]:
+                    del self._memo[k]
+        return dt
+
+    def memo(self, dt: DeltaTable, what: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (something read from the snapshot ``dt``), once per cached snapshot."""
+        with self._lock:
+            cached = id(dt) in self._ids
+            if cached and (id(dt), what) in self._memo:
+                return self._memo[(id(dt), what)]
+        value = compute()
+        if cached:
+            with self._lock:
+                if id(dt) in self._ids:
+                    self._memo[(id(dt), what)] = value
+        return value
+
+
+_SNAPSHOTS = _Snapshots(SNAPSHOTS_KEPT)
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def open_table(uri: str, version: int | None = None) -> DeltaTable | None:
+    """The Delta table at ``uri`` (optionally at ``version``), or None if there is none.
+
+    The handle may be shared with other readers of the same version: do not write through it
+    (use :func:`open_for_write`)."""
+    try:
+        if not _is_local(uri):
+            return DeltaTable(uri, version=version) if DeltaTable.is_deltatable(uri) else None
+        newest = _SNAPSHOTS.newest(uri)
+        if newest is None:
+            return None
+        return _SNAPSHOTS.open(uri, newest if version is None else version)
+    except TableNotFoundError:
+        return None
+
+
+def open_for_write(uri: str) -> DeltaTable | None:
+    """A handle of its own on the table's newest version (None: no table), for operations
+    that commit through it."""
+    try:
+        return DeltaTable(uri) if DeltaTable.is_deltatable(uri) else None
     except TableNotFoundError:
         return None
 
@@ -162,14 +272,20 @@ class SourceTable:
             )
 
     def table(self, version: int | None = None) -> DeltaTable:
+        """The table at ``version`` (default: its newest), a shared read-only handle."""
+        which = "its latest version" if version is None else f"version {version}"
         try:
-            return DeltaTable(self.uri, version=version)
+            dt = open_table(self.uri, version)
         except (DeltaError, OSError, ValueError) as e:
-            which = "its latest version" if version is None else f"version {version}"
             raise ChangeFeedError(
                 f"source {self.name!r} ({self.uri}): cannot load {which} from its Delta log: "
                 f"{_first_line(e)}"
             ) from e
+        if dt is None:
+            raise ChangeFeedError(
+                f"source {self.name!r} ({self.uri}): cannot load {which}: no Delta table there"
+            )
+        return dt
 
     def check(self) -> pa.Schema:
         """Open the latest snapshot once: a corrupt or unreadable log fails here, by name.
@@ -353,7 +469,7 @@ def read_epochs(layout: LakeLayout) -> list[EpochRecord]:
     dt = open_table(layout.epochs)
     if dt is None:
         return []
-    rows = dt.to_pyarrow_table().to_pylist()
+    rows = _SNAPSHOTS.memo(dt, "rows", lambda: dt.to_pyarrow_table().to_pylist())
     by_epoch: dict[int, dict[str, Any]] = {}
     for r in rows:
         e = by_epoch.setdefault(r["epoch"], {"ranges": {}, "minted_at": r["minted_at"]})
@@ -584,7 +700,7 @@ def commit_files(
                 custom_metadata=props_meta, app_transactions=[Transaction(app_id, epoch)]
             )
             try:
-                dt = open_table(table_uri)
+                dt = open_for_write(table_uri)
                 if dt is None:
                     if removes:
                         raise LakeError(f"{table_uri}: cannot remove files from a missing table")
@@ -647,7 +763,7 @@ def replace_files(
     """
     started = time.perf_counter()
     with table_lock(table_uri):
-        dt = open_table(table_uri)
+        dt = open_for_write(table_uri)
         if dt is None or dt.version() != expected_version:
             return None
         epoch = dt.transaction_version(app_id) or 0
@@ -716,7 +832,7 @@ def last_commit_metadata(table_uri: str, key: str, depth: int = 50) -> dict[str,
     dt = open_table(table_uri)
     if dt is None:
         return None
-    for info in dt.history(depth):
+    for info in _SNAPSHOTS.memo(dt, f"history {depth}", lambda: dt.history(depth)):
         if key in info:
             return info
     return None
