@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
+from deltalake.table import TableMerger
 
 TABLES = ("customer", "orders", "lineitem")
 
@@ -88,7 +89,7 @@ def _rows_with(uri: str, column: str, keys: list[int]) -> pa.Table:
     return dataset.to_table(filter=pc.field(column).isin(pa.array(keys, pa.int64())))
 
 
-def _merge_on(uri: str, column: str, keys: list[int]):
+def _merge_on(uri: str, column: str, keys: list[int]) -> TableMerger:
     """A delta-rs MERGE of the table at ``uri`` against the distinct ``keys`` of ``column``.
 
     Deletes and updates go through MERGE, a hash join against the small key table: delta-rs's
