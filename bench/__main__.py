@@ -350,7 +350,7 @@ def write_markdown(
     lines = [
         "# Benchmarks",
         "",
-        f"Produced by `./dev bench {' '.join(sys.argv[1:])}`".rstrip() + " on this machine "
+        f"Produced by `{' '.join(['./dev bench', *sys.argv[1:]])}` on this machine "
         "(2 cores, shared): wall-clock seconds, medians of "
         f"{args.runs} change batches per scale factor, all in one warm Spark session. The views "
         "are the demo's (`demo/views`: three-way joins, accumulable and MIN/MAX aggregates, "
