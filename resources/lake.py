@@ -102,7 +102,8 @@ class _Snapshots:
     cost more than the Spark work of a small change.
 
     The newest version of a local table comes from its log's file names (a directory
-    listing, no file read); other tables are opened afresh each time. Handles given out are
+    listing), and a cached version is checked against its commit file's bytes; tables that
+    are not local are opened afresh each time. Handles given out are
     read-only by convention: writers (commits, vacuum, OPTIMIZE) open their own
     (:func:`open_for_write`).
     """
@@ -111,8 +112,7 @@ class _Snapshots:
         self._kept = kept
         self._lock = threading.Lock()
         self._tables: OrderedDict[tuple, DeltaTable] = OrderedDict()
-        self._ids: dict[int, tuple] = {}  # id(handle) -> its key, while cached
-        self._memo: dict[tuple[int, str], Any] = {}
+        self._memo: dict[int, dict[str, Any]] = {}  # id(cached handle) -> what was read
 
     @staticmethod
     def newest(uri: str) -> int | None:
@@ -151,25 +151,22 @@ class _Snapshots:
         dt = DeltaTable(uri, version=version)  # outside the lock: opens run in parallel
         with self._lock:
             self._tables[key] = dt
-            self._ids[id(dt)] = key
+            self._memo[id(dt)] = {}
             while len(self._tables) > self._kept:
                 _, old = self._tables.popitem(last=False)
-                self._ids.pop(id(old), None)
-                for k in [k for k in self._memo if k[0] == id(old)]:
-                    del self._memo[k]
+                self._memo.pop(id(old), None)
         return dt
 
     def memo(self, dt: DeltaTable, what: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` (something read from the snapshot ``dt``), once per cached snapshot."""
         with self._lock:
-            cached = id(dt) in self._ids
-            if cached and (id(dt), what) in self._memo:
-                return self._memo[(id(dt), what)]
+            read = self._memo.get(id(dt))
+            if read is not None and what in read:
+                return read[what]
         value = compute()
-        if cached:
+        if read is not None:
             with self._lock:
-                if id(dt) in self._ids:
-                    self._memo[(id(dt), what)] = value
+                read[what] = value
         return value
 
 
