@@ -38,15 +38,22 @@ PUSHDOWN_KEYS = 400
 Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key sets
 are split into several scans (each prunes files by its own key range)."""
 
-PUSHED_KEYS = 16
+PUSHED_KEYS = 400
 """A lookup pushes ``key IN (...)`` into its Parquet scan (so the page index skips pages)
-only for at most this many distinct first-key values; for more it reads the files whose key
-range admits a key once and semi-joins with the broadcast keys. Checking a page against
-each value costs more than reading it: ``python -m bench.lookup``, alternated in one
-session, pushed down against read once, SF1 ``lineitem`` (6.2M updates): 50 keys 3.0-3.4s
-against 2.5-3.0s, 400 keys 3.9-4.3s against 2.6-2.7s; SF3 (18M): 5 keys 1.0-1.2s against
-1.8s, 20 keys 1.8-3.0s against 2.6-2.7s, 50 keys 6.0-8.8s against 4.3-4.9s, 400 keys 13-15s
-against 4.8-5.1s."""
+for at most this many distinct first-key values (one list); for more it reads the files
+whose key range admits a key once and semi-joins with the broadcast keys. ``python -m
+bench.lookup``, alternated in one warm session, SF1 ``lineitem`` (6.2M updates), pushed down
+(without the dictionary filter: :data:`LOOKUP_READ`) against read once: 20 keys 0.86-0.93s
+against 1.92-2.01s, 50 keys 0.75-0.87s against 1.64-1.73s, 150 keys 0.76-0.79s against
+1.69-1.78s, 400 keys 0.87-0.92s against 1.56-1.59s. Beyond one list it loses: 800 keys
+2.0-4.1s against 2.1-2.2s, 1,600 keys 2.0-2.5s against 1.8-2.0s."""
+
+LOOKUP_READ: Mapping[str, str] = {"parquet.filter.dictionary.enabled": "false"}
+"""Reader options of a pushed-down lookup. Parquet's dictionary filter reads each row
+group's dictionary page and probes it with every value of the ``IN`` list before the page
+index is consulted; for sorted keys the page index alone finds the pages, and the
+dictionary probes cost more than they skip (same arrangement, 400 keys pushed down: 2.9-3.7s
+with the dictionary filter, 0.9-1.2s without)."""
 
 ROWS_PER_FILE = 500_000
 ROW_GROUP_BYTES = 16 * 1024 * 1024
@@ -182,7 +189,8 @@ def lookup(
     stats.rows_in_opened_files = sum(f.num_records or 0 for f in opened.values())
     parts = []
     for chosen, condition in scans:
-        part = read_files(spark, chosen, schema).where(F.col(TIME) <= as_of)
+        options = LOOKUP_READ if condition is not None else None
+        part = read_files(spark, chosen, schema, options=options).where(F.col(TIME) <= as_of)
         parts.append(part if condition is None else part.where(condition))
     if not parts:
         df = read_files(spark, [], schema)
@@ -231,15 +239,26 @@ def _scanned_rows(df: DataFrame) -> int:
     """Rows the Parquet scans of ``df`` returned (after row-group and page skipping)."""
     df.collect()
     total = 0
-    stack = [df._jdf.queryExecution().executedPlan()]
-    while stack:
-        node = stack.pop()
-        if node.nodeName().startswith("AdaptiveSparkPlan"):
-            stack.append(node.executedPlan())
-        if "Scan" in node.nodeName():
+    for node in executed_nodes(df):
+        if node.nodeName().startswith("Scan parquet"):
             metric = node.metrics().get("numOutputRows")
             if metric.isDefined():
                 total += int(metric.get().value())
+    return total
+
+
+def executed_nodes(df: DataFrame) -> list:
+    """The physical plan nodes (JVM objects) ``df`` last ran with, through adaptive plans
+    and their query stages."""
+    out, stack = [], [df._jdf.queryExecution().executedPlan()]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        name = node.getClass().getSimpleName()
+        if name == "AdaptiveSparkPlanExec":
+            stack.append(node.executedPlan())
+        elif name.endswith("QueryStageExec"):
+            stack.append(node.plan())
         children = node.children()
         stack.extend(children.apply(i) for i in range(children.size()))
-    return total
+    return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -37,6 +37,7 @@ def read_files(
     files: Sequence[DataFile],
     schema: pa.Schema,
     partition_columns: Sequence[str] = (),
+    options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Read Delta data files with Spark, restoring partition columns from the log's values.
 
@@ -44,6 +45,8 @@ def read_files(
         files: the files, with their partition values.
         schema: the table's full Arrow schema (column order of the result).
         partition_columns: columns whose values live in the log, not in the files.
+        options: Parquet reader options for these scans only (Spark passes a scan's options
+            to the Parquet reader's configuration).
     """
     spark_schema = from_arrow_schema(schema)
     data_schema = from_arrow_schema(
@@ -57,7 +60,7 @@ def read_files(
         groups.setdefault(key, []).append(f.uri)
     parts = []
     for key, uris in groups.items():
-        df = spark.read.schema(data_schema).parquet(*uris)
+        df = spark.read.schema(data_schema).options(**(options or {})).parquet(*uris)
         for column, value in key:
             dtype = spark_schema[column].dataType
             df = df.withColumn(column, F.lit(value).cast(dtype))
