@@ -3,7 +3,7 @@
 ``python -m bench.lookup [ARRANGEMENT] [--keys 5,20,50,400] [--runs 2]`` looks up random
 keys of an arrangement (default: SF1's ``lineitem`` by ``l_orderkey`` from ``./dev bench``)
 both ways, alternating, in one warm Spark session, and prints the seconds of each (lookup
-plus a count of its rows). ``ops.arrange.PUSHED_KEYS`` comes from these figures.
+plus a count of its rows). ``ops.arrange.PUSH_RATIO`` comes from these figures.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.arrangement}: {rows:,} updates, {len(values):,} keys", flush=True)
     if not {TIME, DIFF} <= set(schema.names):
         raise SystemExit(f"{args.arrangement} is not an arrangement (no {TIME}/{DIFF} columns)")
-    pushed = arrange.PUSHED_KEYS
+    ratio = arrange.PUSH_RATIO
     rng = random.Random(7)
     try:
         for n in (int(k) for k in args.keys.split(",")):
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     wanted = spark.createDataFrame(
                         [(k,) for k in rng.sample(values, n)], f"`{key}` {key_type.simpleString()}"
                     )
-                    arrange.PUSHED_KEYS = 0 if mode == "read once" else 10**9
+                    arrange.PUSH_RATIO = 10**12 if mode == "read once" else 0
                     started = time.perf_counter()
                     found, _ = arrange.lookup(spark, args.arrangement, schema, [key], wanted, 2**62)
                     count = found.count()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
     finally:
-        arrange.PUSHED_KEYS = pushed
+        arrange.PUSH_RATIO = ratio
     return 0
 
 

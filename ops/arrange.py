@@ -38,15 +38,16 @@ PUSHDOWN_KEYS = 400
 Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key sets
 are split into several scans (each prunes files by its own key range)."""
 
-PUSHED_KEYS = 400
-"""A lookup pushes ``key IN (...)`` into its Parquet scan (so the page index skips pages)
-for at most this many distinct first-key values (one list); for more it reads the files
-whose key range admits a key once and semi-joins with the broadcast keys. ``python -m
-bench.lookup``, alternated in one warm session, SF1 ``lineitem`` (6.2M updates), pushed down
-(without the dictionary filter: :data:`LOOKUP_READ`) against read once: 20 keys 0.86-0.93s
-against 1.92-2.01s, 50 keys 0.75-0.87s against 1.64-1.73s, 150 keys 0.76-0.79s against
-1.69-1.78s, 400 keys 0.87-0.92s against 1.56-1.59s. Beyond one list it loses: 800 keys
-2.0-4.1s against 2.1-2.2s, 1,600 keys 2.0-2.5s against 1.8-2.0s."""
+PUSH_RATIO = 8
+"""A lookup pushes ``key IN (...)`` into its Parquet scans (so the page index skips pages)
+when the pages its keys may touch, ``keys * PAGE_ROWS``, are at most ``1 / PUSH_RATIO`` of the
+live rows; otherwise it reads the files whose key range admits a key once and semi-joins
+with the broadcast keys. ``python -m bench.lookup``, alternated in one warm session, pushed
+down (without the dictionary filter: :data:`LOOKUP_READ`) against read once. SF1
+``lineitem`` (6.2M updates): 20 keys 0.86-0.93s against 1.92-2.01s, 150 keys 0.76-0.79s
+against 1.69-1.78s, 400 keys 0.87-0.92s against 1.56-1.59s, 800 keys 2.0-4.1s against
+2.1-2.2s, 1,600 keys 2.0-2.5s against 1.8-2.0s. SF3 (18.6M): 400 keys 1.8-4.2s against
+4.0-4.7s, 1,600 keys 2.1-2.8s against 3.4-3.6s, 4,000 keys 3.8-4.5s against 3.7-3.8s."""
 
 LOOKUP_READ: Mapping[str, str] = {"parquet.filter.dictionary.enabled": "false"}
 """Reader options of a pushed-down lookup. Parquet's dictionary filter reads each row
@@ -141,7 +142,7 @@ def lookup(
     """The arrangement's state at ``as_of`` for the keys in ``keys`` (columns named ``key``).
 
     Collects the stream's distinct keys (proportional to the change) to prune files by their
-    key statistics; for a few keys (:data:`PUSHED_KEYS`) it also pushes ``key IN (...)`` into
+    key statistics; for few keys (:data:`PUSH_RATIO`) it also pushes ``key IN (...)`` into
     the scan, so Parquet's page index skips the pages holding none of them. NULL keys match
     nothing (SQL).
 
@@ -170,7 +171,7 @@ def lookup(
     live_rows = sum(f.file.num_records or 0 for f in live)
     if not first:
         scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
-    elif len(first) <= PUSHED_KEYS and 4 * len(first) * PAGE_ROWS < live_rows:
+    elif PUSH_RATIO * len(first) * PAGE_ROWS < live_rows:
         scans = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
             chunk = first[i : i + PUSHDOWN_KEYS]
