@@ -1175,8 +1175,9 @@ class Engine:
         uri = self.layout.view_table(coll) if coll in self.plan.views else self.sources[coll].uri
         return sum(f.num_records or 0 for f in table_files(uri)) or None
 
-    def _lookup(self, stage, keys, as_of: int, *, stats: dict):
-        """Read an arrangement's state at ``as_of`` for the keys in ``keys`` (see ops.arrange)."""
+    def _lookup(self, stage, keys, as_of: int, *, stats: dict, columns=None):
+        """Read an arrangement's state at ``as_of`` for the keys in ``keys`` (see ops.arrange),
+        only ``columns`` (and the key) when given."""
         from ops.arrange import LookupStats, lookup
 
         uri = self.arrangement_uri(stage.arrangement)
@@ -1195,6 +1196,7 @@ class Engine:
             keys,
             as_of,
             measure=self.measure_lookups,
+            columns=columns,
         )
         stats.setdefault(str(stage.arrangement), LookupStats()).add(st)
         return df

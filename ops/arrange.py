@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
@@ -138,6 +138,7 @@ def lookup(
     measure: bool = False,
     null_safe: bool = False,
     raw: bool = False,
+    columns: Collection[str] | None = None,
 ) -> tuple[DataFrame, LookupStats]:
     """The arrangement's state at ``as_of`` for the keys in ``keys`` (columns named ``key``).
 
@@ -153,6 +154,8 @@ def lookup(
             nothing (join semantics).
         raw: return the matching updates themselves (``_time`` kept, nothing summed), for
             state tables whose rows are sums rather than multiplicities.
+        columns: return only the key and these columns: the updates are projected before
+            they are summed (a multiset projection), so the scans read no other column.
     """
     # The keys come to the driver once (Arrow), and the semi-join probes that local copy:
     # the stream behind ``keys`` is not computed again by the scan's job.
@@ -160,7 +163,8 @@ def lookup(
     wanted = spark.createDataFrame(found)
     rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
     stats = LookupStats(lookups=1, keys=len(rows))
-    columns = [c for c in schema.names if c not in (TIME, DIFF)]
+    keep = None if columns is None else {*columns, *key}
+    columns = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
     files = table_file_stats(uri, [key[0], TIME])
     stats.files_total = len(files)
     stats.rows_total = sum(f.file.num_records or 0 for f in files)

@@ -22,8 +22,9 @@ in ``(old, new]`` and arrangements readable at ``old`` and ``new``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import reduce
+from typing import Protocol
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -35,9 +36,21 @@ from ops import DIFF, TIME
 from ops.reduce import StateStore, materialize
 from ops.stateless import spark_sql
 
-Lookup = Callable[[LookupStage, DataFrame, int], DataFrame]
-"""``(stage, keys, as_of) -> rows`` of the stage's arrangement whose key is in ``keys``, as
-``(arrangement columns..., _diff)`` consolidated at ``as_of``."""
+
+class Lookup(Protocol):
+    """``(stage, keys, as_of) -> rows`` of the stage's arrangement whose key is in ``keys``, as
+    ``(arrangement columns..., _diff)`` consolidated at ``as_of``; with ``columns``, only the
+    key and those columns (the multiset projected, then consolidated)."""
+
+    def __call__(
+        self,
+        stage: LookupStage,
+        keys: DataFrame,
+        as_of: int,
+        *,
+        columns: Collection[str] | None = None,
+    ) -> DataFrame: ...
+
 
 _RIGHT_DIFF = "_diff_right"
 
@@ -164,7 +177,14 @@ def render_join_delta(
             shared.setdefault((stage.arrangement, at), []).append(i)
         for (_, at), users in shared.items():
             keys = [_stage_keys(streams[i], paths[i].stages[depth]) for i in users]
-            state = lookup(paths[users[0]].stages[depth], reduce(DataFrame.unionByName, keys), at)
+            # Only the columns these inputs read: the scan decodes no other column.
+            read = {c for i in users for c in join.inputs[paths[i].stages[depth].input].get.columns}
+            state = lookup(
+                paths[users[0]].stages[depth],
+                reduce(DataFrame.unionByName, keys),
+                at,
+                columns=read,
+            )
             if len(users) > 1:
                 state = materialize(state)
             for i in users:

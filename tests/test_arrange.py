@@ -84,3 +84,23 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
     else:
         assert stats.rows_scanned == stats.rows_total == ROWS + len(range(0, ROWS, 97))
         assert _dictionary_filter(df) == [None]
+
+
+def test_lookup_of_some_columns_projects_then_sums(spark, arrangement) -> None:
+    """With ``columns``, the rows are the state projected to the key and those columns (their
+    multiplicities summed), and the scans read no other column."""
+    uri, _, state = arrangement
+    keys = random.Random(3).sample(range(20_000), 50)
+    wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    df, _ = arrange.lookup(spark, uri, schema, ["k"], wanted, 2, columns=())
+    assert df.columns == ["k", DIFF]
+    expected: Counter = Counter()
+    for (k, _v), n in state.items():
+        if k in set(keys):
+            expected[k] += n
+    assert Counter({r["k"]: r[DIFF] for r in df.collect()}) == expected
+    scans = [n for n in arrange.executed_nodes(df) if n.nodeName().startswith("Scan parquet")]
+    assert scans
+    for scan in scans:
+        assert sorted(scan.requiredSchema().fieldNames()) == sorted(["k", TIME, DIFF])
