@@ -25,7 +25,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,6 +74,10 @@ is the one the diff log's history is made of."""
 
 LOG_START = "ivm.log_start"
 """Commit metadata of a diff log: the epoch since which it holds the view's whole history."""
+
+REFRESH_SECONDS = "ivm.refresh_seconds"
+"""Commit metadata of a readable table: the seconds its refresh took until that commit began
+(the view's updates computed and logged). The next refresh starts costly views first."""
 
 Progress = Callable[[str], None]
 
@@ -196,6 +200,25 @@ class ViewStatus:
     log_epoch: int
     table_epoch: int
     rows: int | None
+
+
+def costliest_first(
+    order: Sequence[str], inputs: Mapping[str, Iterable[str]], seconds: Mapping[str, float]
+) -> list[str]:
+    """``order`` (a dependency order) re-ranked so that the views on the longest chains start
+    first: a view's rank is its own expected seconds plus the largest rank among the views
+    reading it. Still a dependency order (a view ranks at least as high as its readers; ties
+    keep ``order``), so a refresh running several views at once does not leave its costliest
+    view, or the head of a long chain, for last."""
+    readers: dict[str, list[str]] = {n: [] for n in order}
+    for name in order:
+        for up in inputs.get(name, ()):
+            if up in readers:
+                readers[up].append(name)
+    rank: dict[str, float] = {}
+    for name in reversed(order):
+        rank[name] = seconds.get(name, 0.0) + max((rank[r] for r in readers[name]), default=0.0)
+    return sorted(order, key=lambda n: -rank[n])
 
 
 class Engine:
@@ -474,8 +497,9 @@ class Engine:
     def _refresh_views(self, order: list[str], asked: set[str]) -> list[ViewResult]:
         """Refresh ``order`` (dependency order) with up to ``parallelism`` views at once.
 
-        A view starts once every selected view it reads has finished; if one of those failed
-        it is skipped. Views share arrangements through :meth:`refresh_arrangement`, which
+        A view starts once every selected view it reads has finished, the views on the
+        longest chains of expected work first (:func:`costliest_first`, from the seconds the
+        last refresh recorded); if one of those it reads failed it is skipped. Views share arrangements through :meth:`refresh_arrangement`, which
         lets one of them write each arrangement. An error that is not an :class:`IvmError`
         (a bug, a lost Spark) stops new starts and is raised once the running views end.
         """
@@ -483,13 +507,19 @@ class Engine:
         selected = set(order)
         results: dict[str, ViewResult] = {}
         failed: dict[str, str] = {}
-        pending = list(order)
+        pending = costliest_first(
+            order,
+            {n: views[n].view_inputs for n in order},
+            {n: self._last_refresh_seconds(n) for n in order},
+        )
         running: dict[Future, str] = {}
         unexpected: BaseException | None = None
         with ThreadPoolExecutor(self.project.parallelism, thread_name_prefix="ivm") as pool:
             while (pending and unexpected is None) or running:
                 busy = set(running.values())
                 for name in list(pending) if unexpected is None else []:
+                    if len(running) >= self.project.parallelism:
+                        break  # queue nothing: a view that becomes ready may rank higher
                     ups = [u for u in views[name].view_inputs if u in selected]
                     if any(u in busy or u in pending for u in ups):
                         continue
@@ -521,6 +551,14 @@ class Engine:
         if unexpected is not None:
             raise unexpected
         return [results[n] for n in order if n in results]
+
+    def _last_refresh_seconds(self, name: str) -> float:
+        """How long the view's last refresh took until its table commit (0 if unknown)."""
+        info = last_commit_metadata(self.layout.view_table(name), REFRESH_SECONDS)
+        try:
+            return float(info[REFRESH_SECONDS]) if info else 0.0
+        except ValueError:  # written by hand or by another tool: no estimate
+            return 0.0
 
     def quarantine_uri(self, source: str) -> str:
         """Where a source's rows that break its contract are kept: ``quarantine/<source>``."""
@@ -769,6 +807,7 @@ class Engine:
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
+        table_meta = {**meta, REFRESH_SECONDS: f"{t0 - started:.3f}"}
         # A log that started anew after the table's epoch (new columns) rewrites the table.
         table_stale = 0 < table_done < log_start or (name in self._repairing and table_done > 0)
         if (
@@ -782,7 +821,7 @@ class Engine:
                 app_id=self.app_id(table_uri),
                 epoch=target,
                 schema=self.table_schema(table_uri),
-                metadata=meta,
+                metadata=table_meta,
             )
             change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
         else:
@@ -794,7 +833,7 @@ class Engine:
                 table_uri,
                 app_id=self.app_id(table_uri),
                 epoch=target,
-                metadata=meta,
+                metadata=table_meta,
                 label=name,
                 overwrite=table_stale,
             )

@@ -14,10 +14,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import ops.sink
-from ivm.engine import Engine
+from ivm.engine import REFRESH_SECONDS, Engine
 from ivm.errors import ChangeFeedError, SqlError
 from ivm.oracle import compare_views, log_multiset, table_multiset
-from resources.lake import commit_files, open_table
+from resources.lake import commit_files, last_commit_metadata, open_table
 
 pytestmark = pytest.mark.spark
 
@@ -444,6 +444,37 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
     status = {v.view: v.status for v in report.views}
     assert status.pop("sums") == "failed" and status.pop("both") == "skipped"
     assert set(status.values()) == {"refreshed"}
+
+
+def test_a_refresh_starts_the_views_on_its_longest_chains_first(spark, make_project, src):
+    """Each table commit records how long the view's refresh took; the next refresh starts
+    the views with the most expected work ahead of them (their own and their readers')
+    first, and never a view before the views it reads."""
+    views = {
+        **VIEWS,
+        "a_small": "CREATE VIEW a_small AS SELECT k FROM src WHERE grp = 'b'",
+        "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s FROM src GROUP BY grp",
+    }
+    engine = Engine(make_project(views, {"src": src}, "[refresh]\nparallelism = 1"), spark=spark)
+    assert engine.refresh().ok
+    for name in views:
+        info = last_commit_metadata(engine.layout.view_table(name), REFRESH_SECONDS)
+        assert info is not None and float(info[REFRESH_SECONDS]) > 0, name
+    seconds = {"big": 1.0, "big_a": 5.0, "a_small": 0.5, "sums": 3.0}
+    engine._last_refresh_seconds = seconds.__getitem__
+    started: list[str] = []
+    refresh_view = engine.refresh_view
+
+    def recorded(name, **kwargs):
+        started.append(name)
+        return refresh_view(name, **kwargs)
+
+    engine.refresh_view = recorded
+    write_deltalake(src, rows((7, "a", 70), (8, "b", 80)), mode="append")
+    assert engine.refresh().ok
+    # big -> big_a is the longest chain (6s), then sums (3s), then a_small.
+    assert started == ["big", "big_a", "sums", "a_small"]
+    assert_correct(engine)
 
 
 def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project, tmp_path):
