@@ -282,3 +282,21 @@ def test_groups_empty_and_refill(spark, make_project, tmp_path):
     )
     assert engine.refresh().ok
     check_all(engine)
+
+
+def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_again(
+    spark, tmp_path
+) -> None:
+    """A reduction's input is read by each branch: files read (filtered and mapped) are read
+    again, anything computed (a join, an aggregate) is kept once."""
+    from pyspark.sql import functions as F
+
+    from ops.reduce import scan_only
+
+    path = str(tmp_path / "t")
+    spark.range(10).withColumn("g", F.col("id") % 3).write.parquet(path)
+    files = spark.read.parquet(path)
+    assert scan_only(files.where("id > 2").select("g", (F.col("id") * 2).alias("v")))
+    assert scan_only(files.unionByName(files.where("g = 1")))
+    assert not scan_only(files.groupBy("g").count())
+    assert not scan_only(files.join(files.select("g"), "g"))
