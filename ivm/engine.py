@@ -499,9 +499,10 @@ class Engine:
 
         A view starts once every selected view it reads has finished, the views on the
         longest chains of expected work first (:func:`costliest_first`, from the seconds the
-        last refresh recorded); if one of those it reads failed it is skipped. Views share arrangements through :meth:`refresh_arrangement`, which
-        lets one of them write each arrangement. An error that is not an :class:`IvmError`
-        (a bug, a lost Spark) stops new starts and is raised once the running views end.
+        last refresh recorded); if one of those it reads failed it is skipped. Views share
+        arrangements through :meth:`refresh_arrangement`, which lets one of them write each
+        arrangement. An error that is not an :class:`IvmError` (a bug, a lost Spark) stops
+        new starts and is raised once the running views end.
         """
         views = self.plan.views
         selected = set(order)
@@ -1214,7 +1215,9 @@ class Engine:
         uri = self.layout.view_table(coll) if coll in self.plan.views else self.sources[coll].uri
         return sum(f.num_records or 0 for f in table_files(uri)) or None
 
-    def _lookup(self, stage, keys, as_of: int, *, stats: dict, columns=None):
+    def _lookup(
+        self, stage, keys, as_of: int, *, stats: dict, columns: Iterable[str] | None = None
+    ):
         """Read an arrangement's state at ``as_of`` for the keys in ``keys`` (see ops.arrange),
         only ``columns`` (and the key) when given."""
         from ops.arrange import LookupStats, lookup
