@@ -88,13 +88,15 @@ def materialize(df: DataFrame) -> DataFrame:
     return df.localCheckpoint(eager=True)
 
 
-_SCAN_NODES = frozenset({"LogicalRelation", "LocalRelation", "Project", "Filter", "Union"})
+_SCAN_NODES = frozenset({"LogicalRelation", "Project", "Filter", "Union"})
 
 
 def scan_only(df: DataFrame) -> bool:
-    """Whether ``df`` only reads files or local rows, filtered and mapped: reading it again
-    costs less than keeping a copy (SF1 ``lineitem``, 6M rows: a local checkpoint took 4.0s,
-    and aggregating from it 3.5s, against one vectorized Parquet scan per reader)."""
+    """Whether ``df`` only reads files, filtered and mapped: reading them again costs less
+    than keeping a copy (SF1 ``lineitem``, 6M rows: a local checkpoint took 4.0s, and
+    aggregating from it 3.5s, against one vectorized Parquet scan per reader). Rows from the
+    driver (a change feed) are kept: a local relation ships its rows with every task of every
+    job that reads it."""
     plan = df._jdf.queryExecution().optimizedPlan()
     stack = [plan]
     while stack:

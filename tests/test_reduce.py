@@ -288,7 +288,8 @@ def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_ag
     spark, tmp_path
 ) -> None:
     """A reduction's input is read by each branch: files read (filtered and mapped) are read
-    again, anything computed (a join, an aggregate) is kept once."""
+    again; anything computed (a join, an aggregate) or sent from the driver is kept once."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
 
     from ops.reduce import scan_only
@@ -298,5 +299,6 @@ def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_ag
     files = spark.read.parquet(path)
     assert scan_only(files.where("id > 2").select("g", (F.col("id") * 2).alias("v")))
     assert scan_only(files.unionByName(files.where("g = 1")))
+    assert not scan_only(spark.createDataFrame(pa.table({"id": [1], "g": [2]})))
     assert not scan_only(files.groupBy("g").count())
     assert not scan_only(files.join(files.select("g"), "g"))
