@@ -165,7 +165,7 @@ def lookup(
     rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
     stats = LookupStats(lookups=1, keys=len(rows))
     keep = None if columns is None else {*columns, *key}
-    columns = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
+    data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
     files = table_file_stats(uri, [key[0], TIME])
     stats.files_total = len(files)
     stats.rows_total = sum(f.file.num_records or 0 for f in files)
@@ -212,7 +212,7 @@ def lookup(
         df = df.join(F.broadcast(wanted), on=list(key), how="left_semi")
     if raw:
         return df, stats
-    return consolidate(df, columns, by_time=False), stats
+    return consolidate(df, data, by_time=False), stats
 
 
 def _narrowing(key: Sequence[str], rows: Sequence) -> Column | None:
