@@ -202,6 +202,12 @@ class ViewStatus:
     rows: int | None
 
 
+def _state_layout(plan: ViewPlan) -> str:
+    """The names and sort keys of a view's state tables, as its commits record them: state
+    laid out another way (another planner's) cannot be continued."""
+    return json.dumps({t.name: list(t.key) for t in state_tables(plan.root)}, sort_keys=True)
+
+
 def costliest_first(
     order: Sequence[str], inputs: Mapping[str, Iterable[str]], seconds: Mapping[str, float]
 ) -> list[str]:
@@ -645,6 +651,7 @@ class Engine:
             "ivm.inputs": json.dumps(inputs, sort_keys=True),
             "ivm.contracts": json.dumps(self._contract_hashes(plan.source_inputs), sort_keys=True),
             "ivm.input_types": json.dumps(self._input_types(plan), sort_keys=True),
+            "ivm.state_tables": _state_layout(plan),
         }
 
     def _upstream_identity(self, view: str) -> str:
@@ -672,6 +679,9 @@ class Engine:
             return None
         if info["ivm.sql_hash"] != plan.sql_hash:
             return "its SQL changed"
+        layout = info.get("ivm.state_tables")
+        if layout != _state_layout(plan) and (layout is not None or plan.has_state):
+            return "its state tables changed (written by another version of the planner)"
         recorded = json.loads(info.get("ivm.inputs", "{}"))
         for upstream in plan.view_inputs:
             was_hash, _, was_start = str(recorded.get(upstream)).partition("@")
@@ -1078,7 +1088,17 @@ class Engine:
             stats.setdefault(f"state {table.name}", LookupStats()).add(st)
             return df
 
-        return StateStore(self.spark, done, target, write, read, self.progress)
+        def snapshot(node):
+            from ivm.plan.ir import collections
+            from ops.stateless import render
+
+            names = {get.collection for get in collections(node)}
+            return render(node, {c: self._collection_updates(c, 0, target) for c in names})
+
+        def progress(message: str) -> None:
+            self.progress(f"{plan.name}: {message}")
+
+        return StateStore(self.spark, done, target, write, read, progress, snapshot)
 
     # -- arrangements ---------------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ivm.errors import InvariantViolation, UnsupportedSqlError
-from ivm.plan.ir import Aggregate, Reduce, SetOp, TopK
-from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, Branch, StateTable, branches
+from ivm.plan.ir import Aggregate, Node, Reduce, SetOp, TopK
+from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, Branch, StateTable, branches, topk_spare
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 
@@ -58,7 +58,8 @@ class StateStore:
             None when an earlier attempt already wrote this epoch.
         read: ``(table, key columns, keys, as_of)`` the table's raw rows (``_time <= as_of``)
             whose key columns equal (NULL-safe) a row of ``keys``.
-        label: a name for progress messages.
+        snapshot: a stateless plan node's whole collection at ``new``, evaluated from scratch
+            as updates ``(columns..., _time, _diff)`` (a buffered TopK's refill).
     """
 
     spark: SparkSession
@@ -67,6 +68,7 @@ class StateStore:
     write: Callable[[StateTable, DataFrame], int | None]
     read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
     progress: Callable[[str], None] = field(default=lambda msg: None)
+    snapshot: Callable[[Node], DataFrame] | None = None
 
     def read_consolidated(
         self, table: StateTable, key: Sequence[str], keys: DataFrame, as_of: int, like: DataFrame
@@ -402,15 +404,107 @@ def _order_columns(order: Sequence[tuple[str, bool, bool]], rest: Sequence[str])
 
 
 def _first_k(rows: DataFrame, group: list[str], order: list[Column], k: int) -> DataFrame:
-    """Per group, the first ``k`` rows in ``order`` counting multiplicities (``_diff``), the
-    last one's multiplicity cut to fit."""
+    """Per group, the first ``k`` rows in ``order`` counting multiplicities (``_diff``, all
+    positive), the last one's multiplicity cut to fit.
+
+    They are among the first ``k`` distinct rows, which Spark keeps per task before the shuffle
+    (a window group limit): a global top-k over 1.5M rows sorts a few hundred.
+    """
     w = Window.partitionBy(*[_c(g) for g in group]).orderBy(*order)
+    rows = rows.withColumn("_rn", F.row_number().over(w)).where(_c("_rn") <= k).drop("_rn")
     before = F.sum(_c(DIFF)).over(w.rowsBetween(Window.unboundedPreceding, -1))
     ranked = rows.withColumn("_before", F.coalesce(before, F.lit(0)))
     kept = ranked.where(_c("_before") < k)
     return kept.withColumn(DIFF, F.least(_c(DIFF), F.lit(k) - _c("_before")).cast("bigint")).drop(
         "_before"
     )
+
+
+def _buffered_change(
+    node: TopK, branch: Branch, delta: DataFrame, store: StateStore, order: list[Column]
+) -> DataFrame:
+    """A buffered TopK (see :mod:`ivm.plan.reduce`): the change of each touched group's first
+    ``k`` rows, ``(group keys..., columns..., _diff)``; writes the count and buffer tables.
+
+    Invariant: a group's buffer is its first ``n`` rows for some ``n`` (all of them when the
+    buffer holds the group's count). A change row ranked at or above the buffer's last row goes
+    into it (a deletion takes its row out); one ranked below changes only the count. Either
+    way the buffer is again a prefix of the group. A group left with fewer than ``k`` rows out
+    of more is refilled from ``store.snapshot``.
+    """
+    count_table, first_table = branch.tables
+    keys = list(branch.state_keys)
+    cols = list(dict.fromkeys([*keys, *node.input.columns]))
+    k = node.limit + node.offset
+    kept = k + topk_spare(node)
+    framed = delta if node.partition else _with_global_key(delta)
+    change = consolidate(framed.select(*[_c(c) for c in cols], DIFF), cols, by_time=False)
+    counts = consolidate(change, keys, by_time=False)
+    stamp = F.lit(store.new).cast("bigint")
+
+    def sized(total: DataFrame, rows: DataFrame) -> DataFrame:
+        """``total`` (a count per group) with ``_n``: the rows of ``rows`` in the group."""
+        n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias("_n"))
+        joined = _join_on(total, n, keys, "left")
+        return joined.withColumn("_n", F.coalesce(_c("_n"), F.lit(0)))
+
+    if store.old == 0:
+        first_old = change.limit(0)
+        first_new = _first_k(change.where(_c(DIFF) > 0), keys, order, kept)
+    else:
+        touched = materialize(change.select(*[_c(c) for c in keys]).distinct())
+        first_old = materialize(
+            store.read_consolidated(first_table, keys, touched, store.old, change)
+        )
+        count_old = store.read_consolidated(count_table, keys, touched, store.old, counts)
+        # Groups with rows ranked below their buffer (the others take every change row).
+        partial = sized(count_old, first_old).where(_c(DIFF) > _c("_n"))
+        partial = partial.select(*[_c(c) for c in keys], F.lit(True).alias("_partial"))
+        # Buffer rows at or after each change row (a change row sorts before an equal one).
+        w = (
+            Window.partitionBy(*[_c(c) for c in keys])
+            .orderBy(*order, _c("_buf"))
+            .rowsBetween(Window.currentRow, Window.unboundedFollowing)
+        )
+        marked = (
+            change.withColumn("_buf", F.lit(0))
+            .unionByName(first_old.withColumn("_buf", F.lit(1)))
+            .withColumn("_after", F.sum(_c("_buf")).over(w))
+            .where(_c("_buf") == 0)
+        )
+        taken = _join_on(marked, partial, keys, "left")
+        taken = taken.where((_c("_after") > 0) | _c("_partial").isNull())
+        merged = consolidate(
+            first_old.unionByName(taken.select(*[_c(c) for c in cols], DIFF)), cols, by_time=False
+        )
+        merged = materialize(merged.where(_c(DIFF) > 0))
+        count_new = consolidate(count_old.unionByName(counts), keys, by_time=False)
+        short = sized(count_new, merged).where((_c("_n") < k) & (_c(DIFF) > _c("_n")))
+        short = materialize(short.select(*[_c(c) for c in keys]))
+        first_new = _first_k(merged, keys, order, kept)
+        refills = short.count()
+        if refills:
+            if store.snapshot is None:
+                raise InvariantViolation(f"TopK {node.label} needs its input to refill a group")
+            store.progress(f"TopK {node.label}: {refills} group(s) under {k} rows: refilled")
+            whole = store.snapshot(node.input)
+            whole = whole if node.partition else _with_global_key(whole)
+            whole = _join_on(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")
+            whole = consolidate(whole, cols, by_time=False).where(_c(DIFF) > 0)
+            first_new = _join_on(first_new, short, keys, "left_anti").unionByName(
+                _first_k(whole, keys, order, kept)
+            )
+    first_new = materialize(first_new)
+    store.write(count_table, counts.withColumn(TIME, stamp))
+    buffer_change = consolidate(
+        first_new.unionByName(first_old.withColumn(DIFF, -_c(DIFF))).withColumn(TIME, stamp),
+        cols,
+    )
+    store.write(first_table, materialize(buffer_change))
+    result = _first_k(first_new, keys, order, k).unionByName(
+        _first_k(first_old, keys, order, k).withColumn(DIFF, -_c(DIFF))
+    )
+    return materialize(consolidate(result.withColumn(TIME, stamp), cols))
 
 
 # -- the renderers -----------------------------------------------------------------------------
@@ -690,7 +784,10 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     delta = materialize(delta.select(*[_c(c) for c in data], DIFF).where(_c(DIFF) != 0))
     top = branch.tables[-1]
     stamp = F.lit(store.new).cast("bigint")
-    if branch.levels == 0:  # monotonic: the old first k and the insertions
+    if branch.kind == "buffer":
+        change = _buffered_change(node, branch, delta, store, order)
+        read_key = list(branch.state_keys)
+    elif branch.levels == 0:  # monotonic: the old first k and the insertions
         _check_append_only(node.label, delta)
         tkeys = keys or [GLOBAL_KEY]
         frame = delta if keys else _with_global_key(delta)

@@ -93,6 +93,21 @@ VIEWS = {
         ) WHERE rn <= 3
     """,
     "r_over_agg": "CREATE VIEW r_over_agg AS SELECT grp, sp FROM r_acc WHERE n > 2",
+    "r_topk_tight": """
+        -- ivm: topk_spare = 1
+        CREATE VIEW r_topk_tight AS
+        SELECT * FROM (
+            SELECT grp, id, price,
+                   ROW_NUMBER() OVER (PARTITION BY grp ORDER BY price DESC NULLS LAST, id) AS rn
+            FROM items
+        ) WHERE rn <= 2
+    """,
+    "r_top_sums": """
+        -- ivm: expected_group_size = 20
+        CREATE VIEW r_top_sums AS
+        SELECT grp, sum(qty) AS sq FROM items GROUP BY grp
+        ORDER BY sq DESC NULLS LAST, grp NULLS FIRST LIMIT 2
+    """,
 }
 
 
@@ -186,6 +201,87 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
         st = lookups[name]
         assert st.rows_scanned <= 4 * PAGE_ROWS, (name, st)
     assert sum(lookups[name].rows_scanned for name in levels) < n // 2
+
+
+def test_buffered_topk_refills_only_a_depleted_group(spark, make_project, tmp_path):
+    """A TopK keeps its first k + spare rows per group: deleting buffered rows eats the spare
+    ones, a group left with fewer than k is refilled from the input (only then), and changes
+    ranked below the buffer only count. A TopK over an aggregate keeps its tower."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from ivm.oracle import compare_views
+    from ops import DIFF
+
+    path = str(tmp_path / "t")
+    rows = {"g": ["x"] * 1000 + ["y"] * 3 + [None] * 2, "v": [*range(1000), 7, 8, 9, 1, 2]}
+    write_deltalake(path, pa.table(rows), configuration={"delta.enableChangeDataFeed": "true"})
+    root = make_project(
+        {
+            "top3": """
+                -- ivm: topk_spare = 2
+                CREATE VIEW top3 AS SELECT * FROM (
+                  SELECT g, v, ROW_NUMBER() OVER (PARTITION BY g ORDER BY v DESC) AS rn FROM t
+                ) WHERE rn <= 3
+            """,
+            "best": """
+                -- ivm: topk_spare = 2
+                CREATE VIEW best AS SELECT g, v FROM t ORDER BY v DESC, g LIMIT 3
+            """,
+            "sums": "CREATE VIEW sums AS SELECT g, sum(v) AS s FROM t GROUP BY g "
+            "ORDER BY s DESC NULLS LAST LIMIT 1",
+        },
+        {"t": path},
+    )
+    messages: list[str] = []
+    engine = Engine(root, spark=spark, progress=messages.append)
+    assert "buffer top 3: first 5 rows (3 + 2 spare)" in engine.explain("top3")
+    assert "tower of" in engine.explain("sums")
+    assert engine.refresh().ok
+    table = DeltaTable(path)
+
+    def refresh() -> list[str]:
+        messages.clear()
+        report = engine.refresh()
+        assert report.ok, [v.error for v in report.views]
+        for c in compare_views(engine):
+            assert c.equal, c.describe()
+        return [m.split(": ", 1)[0] for m in messages if m.endswith("rows: refilled")]
+
+    def buffered(view: str) -> dict:
+        uri = engine.state_uri(view, "r0.topk.first")
+        counts: dict = {}
+        for r in DeltaTable(uri).to_pyarrow_table().to_pylist():
+            key = (r["g"] if "g" in r else None, r["v"])
+            counts[key] = counts.get(key, 0) + r[DIFF]
+        return {key: n for key, n in counts.items() if n}
+
+    table.delete("v = 999")  # in both buffers: 4 of 5 rows left, no refill
+    assert refresh() == []
+    table.delete("g = 'x' AND v IN (998, 997, 3)")  # 2 left in x's buffer: refilled
+    refilled = refresh()
+    assert sorted(refilled) == ["best", "top3"], messages
+    assert sorted(v for (g, v) in buffered("top3") if g == "x") == [992, 993, 994, 995, 996]
+    # Below the buffer: counted only; into a whole group (y): taken; above it: taken.
+    write_deltalake(path, pa.table({"g": ["x", "y", "x"], "v": [5, 0, 5000]}), mode="append")
+    table = DeltaTable(path)
+    table.update(predicate="v = 4", updates={"v": "4000"})
+    assert refresh() == []
+    assert sorted(v for (g, v) in buffered("top3") if g == "x") == [994, 995, 996, 4000, 5000]
+    assert sorted(v for (g, v) in buffered("top3") if g == "y") == [0, 7, 8, 9]
+    assert len(buffered("best")) == 5
+    assert engine.read_view("best").sort_by("v").column("v").to_pylist() == [996, 4000, 5000]
+    # A row ranked below a buffer that is not full stays out of it: taken in, it would
+    # stand in for the rows ranked between it and the buffer once those above it are gone.
+    table.delete("v = 5000")
+    write_deltalake(path, pa.table({"g": ["x"], "v": [10]}), mode="append")
+    table = DeltaTable(path)
+    assert refresh() == []
+    table.delete("v IN (4000, 996)")
+    assert sorted(refresh()) == ["best", "top3"]
+    table.delete("v >= 990")  # a group emptied of its buffer at once
+    assert sorted(refresh()) == ["best", "top3"]
+    assert sorted(v for (g, v) in buffered("top3") if g == "x") == [985, 986, 987, 988, 989]
 
 
 def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):

@@ -136,6 +136,12 @@ def _branch_text(b: Branch, group_size: int | None) -> str:
             size = f"{group_size:,}" if group_size else f"{DEFAULT_GROUP_SIZE:,} (default)"
             how = f"tower of {b.levels} levels, 16-way, expected group size {size}"
         text = f"{b.kind} {b.name}: {how}"
+    elif b.kind == "buffer":
+        first = b.tables[-1].holds.removeprefix("per group: ")
+        text = (
+            f"buffer {b.name}: {first} per group and its row count; a group left with fewer "
+            "rows than the limit is refilled from its input"
+        )
     elif b.kind == "threshold":
         text = f"threshold {b.name}: per-row counts of both inputs"
     else:

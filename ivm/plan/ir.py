@@ -422,11 +422,13 @@ class TopK:
     ``ORDER BY ... LIMIT k`` has no partition; ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY
     o) <= k`` has one, and ``rank`` names the row-number column when the query selects it.
     Ties are broken by the remaining columns (ascending), so the result is deterministic.
-    Maintained with a tower of top-k reductions (:mod:`ivm.plan.reduce`).
+    Maintained with a buffer of the first rows, or a tower of top-k reductions over a stateful
+    input (:mod:`ivm.plan.reduce`).
 
     Attributes:
         order: ``(column, descending, nulls_first)`` triples.
         offset: rows ranked ``offset + 1 .. offset + limit`` are kept (``LIMIT k OFFSET n``).
+        spare: rows a buffered TopK keeps per group beyond ``offset + limit`` (a hint).
     """
 
     input: Node
@@ -438,6 +440,7 @@ class TopK:
     offset: int = 0
     group_size: int | None = None
     monotonic: bool = False
+    spare: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit < 1:

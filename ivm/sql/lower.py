@@ -136,18 +136,22 @@ class _Lowerer(ReduceLowering):
         self.catalog = catalog
         self.sql = view.sql
         self._labels = 0
-        size = view.hints.get("expected_group_size")
-        self.group_size: int | None = None
-        if size is not None:
-            try:
-                self.group_size = int(size.replace("_", ""))
-            except ValueError:
-                self.group_size = 0
-            if self.group_size < 1:
-                raise SqlError(
-                    f"hint expected_group_size = {size!r} is not a positive integer",
-                    file=view.file,
-                )
+        self.group_size = self._count_hint("expected_group_size", least=1)
+        self.topk_spare = self._count_hint("topk_spare", least=0)
+
+    def _count_hint(self, name: str, least: int) -> int | None:
+        """The integer value of hint ``name`` (at least ``least``), or None when absent."""
+        text = self.view.hints.get(name)
+        if text is None:
+            return None
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            value = least - 1
+        if value < least:
+            what = "a positive integer" if least == 1 else f"an integer >= {least}"
+            raise SqlError(f"hint {name} = {text!r} is not {what}", file=self.view.file)
+        return value
 
     def error(
         self, message: str, node: exp.Expression | None, *, construct: str | None = None

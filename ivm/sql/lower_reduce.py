@@ -101,6 +101,7 @@ class ReduceLowering:
     unsupported: Callable[..., SqlError]
     expression: Callable[..., exp.Expression]
     group_size: int | None
+    topk_spare: int | None
     _labels: int
 
     def label(self) -> str:
@@ -413,7 +414,14 @@ class ReduceLowering:
             assert isinstance(node, Project)
             node = Project(node.input, node.outputs + tuple(hidden))
         top: Node = TopK(
-            node, (), tuple(keys), k, self.label(), offset=n, group_size=self.group_size
+            node,
+            (),
+            tuple(keys),
+            k,
+            self.label(),
+            offset=n,
+            group_size=self.group_size,
+            spare=self.topk_spare,
         )
         if hidden:
             top = Project(top, tuple((c, exp.column(c)) for c in visible))
@@ -495,6 +503,7 @@ class ReduceLowering:
             self.label(),
             rank=ranked.rank,
             group_size=self.group_size,
+            spare=self.topk_spare,
         )
         keep = ranked.visible + (ranked.rank,)
         return Project(top, tuple((c, exp.column(c)) for c in keep)), rest

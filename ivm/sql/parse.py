@@ -21,7 +21,10 @@ from ivm.errors import SqlError, UnsupportedSqlError
 DIALECT = "spark"
 
 _HINT = re.compile(r"^\s*--\s*ivm:\s*(.*)$", re.MULTILINE | re.IGNORECASE)
-HINTS = {"expected_group_size": "the expected number of rows per group of a GROUP BY or TopK"}
+HINTS = {
+    "expected_group_size": "the expected number of rows per group of a GROUP BY or TopK",
+    "topk_spare": "rows a TopK keeps per group beyond its limit, against deletions",
+}
 
 
 def position(node: exp.Expression | None, sql: str) -> tuple[int | None, int | None]:
