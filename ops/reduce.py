@@ -420,11 +420,11 @@ def _first_k(rows: DataFrame, group: list[str], order: list[Column], k: int) -> 
     )
 
 
-def _buffered_change(
+def _buffered(
     node: TopK, branch: Branch, delta: DataFrame, store: StateStore, order: list[Column]
-) -> DataFrame:
-    """A buffered TopK (see :mod:`ivm.plan.reduce`): the change of each touched group's first
-    ``k`` rows, ``(group keys..., columns..., _diff)``; writes the count and buffer tables.
+) -> tuple[DataFrame, DataFrame]:
+    """A buffered TopK (see :mod:`ivm.plan.reduce`): the touched groups' buffers at ``old``
+    and at ``new``, ``(group keys..., columns..., _diff)``; writes the count and buffer tables.
 
     Invariant: a group's buffer is its first ``n`` rows for some ``n`` (all of them when the
     buffer holds the group's count). A change row ranked at or above the buffer's last row goes
@@ -452,7 +452,7 @@ def _buffered_change(
         first_old = change.limit(0)
         first_new = _first_k(change.where(_c(DIFF) > 0), keys, order, kept)
     else:
-        touched = materialize(change.select(*[_c(c) for c in keys]).distinct())
+        touched = change.select(*[_c(c) for c in keys]).distinct()
         first_old = materialize(
             store.read_consolidated(first_table, keys, touched, store.old, change)
         )
@@ -480,10 +480,11 @@ def _buffered_change(
         merged = materialize(merged.where(_c(DIFF) > 0))
         count_new = consolidate(count_old.unionByName(counts), keys, by_time=False)
         short = sized(count_new, merged).where((_c("_n") < k) & (_c(DIFF) > _c("_n")))
-        short = materialize(short.select(*[_c(c) for c in keys]))
+        short = short.select(*[_c(c) for c in keys])
         first_new = _first_k(merged, keys, order, kept)
-        refills = short.count()
+        refills = len(found := short.collect())
         if refills:
+            short = store.spark.createDataFrame(found, short.schema)
             if store.snapshot is None:
                 raise InvariantViolation(f"TopK {node.label} needs its input to refill a group")
             store.progress(f"TopK {node.label}: {refills} group(s) under {k} rows: refilled")
@@ -501,10 +502,35 @@ def _buffered_change(
         cols,
     )
     store.write(first_table, materialize(buffer_change))
-    result = _first_k(first_new, keys, order, k).unionByName(
-        _first_k(first_old, keys, order, k).withColumn(DIFF, -_c(DIFF))
-    )
-    return materialize(consolidate(result.withColumn(TIME, stamp), cols))
+    return first_old, first_new
+
+
+def _numbered_change(
+    node: TopK,
+    states: Sequence[tuple[DataFrame, int]],
+    key: list[str],
+    order: list[Column],
+    stamp: Column,
+) -> DataFrame:
+    """The view's change from the first rows of the touched groups at old (sign -1) and at
+    new (+1): rows ranked ``offset + 1 .. offset + limit``, numbered when the view asks."""
+    k = node.limit + node.offset
+    parts = []
+    for state, sign in states:
+        copies = state.where(_c(DIFF) > 0).withColumn(
+            "_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int")))
+        )
+        w = Window.partitionBy(*[_c(c) for c in key]).orderBy(*order, _c("_copy"))
+        numbered = copies.withColumn("_rn", F.row_number().over(w)).where(
+            (_c("_rn") > node.offset) & (_c("_rn") <= k)
+        )
+        cols = [_c(c) for c in node.input.columns]
+        if node.rank is not None:
+            cols.append(_c("_rn").cast("int").alias(node.rank))
+        parts.append(
+            numbered.select(*cols, stamp.alias(TIME), F.lit(sign).cast("bigint").alias(DIFF))
+        )
+    return consolidate(parts[0].unionByName(parts[1]), node.columns)
 
 
 # -- the renderers -----------------------------------------------------------------------------
@@ -785,9 +811,10 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     top = branch.tables[-1]
     stamp = F.lit(store.new).cast("bigint")
     if branch.kind == "buffer":
-        change = _buffered_change(node, branch, delta, store, order)
-        read_key = list(branch.state_keys)
-    elif branch.levels == 0:  # monotonic: the old first k and the insertions
+        old_first, new_first = _buffered(node, branch, delta, store, order)
+        states = [(old_first, -1), (new_first, 1)]
+        return _numbered_change(node, states, list(branch.state_keys), order, stamp)
+    if branch.levels == 0:  # monotonic: the old first k and the insertions
         _check_append_only(node.label, delta)
         tkeys = keys or [GLOBAL_KEY]
         frame = delta if keys else _with_global_key(delta)
@@ -831,23 +858,11 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     groups = change.select(*[_c(c) for c in read_key]).distinct()
     rows = store.read(top, read_key, groups, store.new)
     state_cols = [c for c in rows.columns if c not in (TIME, DIFF)]
-    parts = []
-    for at, sign in ((store.old, -1), (store.new, 1)):
-        state = consolidate(rows.where(_c(TIME) <= at), state_cols, by_time=False)
-        copies = state.where(_c(DIFF) > 0).withColumn(
-            "_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int")))
-        )
-        w = Window.partitionBy(*[_c(c) for c in read_key]).orderBy(*order, _c("_copy"))
-        numbered = copies.withColumn("_rn", F.row_number().over(w)).where(
-            (_c("_rn") > node.offset) & (_c("_rn") <= k)
-        )
-        cols = [_c(c) for c in data]
-        if node.rank is not None:
-            cols.append(_c("_rn").cast("int").alias(node.rank))
-        parts.append(
-            numbered.select(*cols, stamp.alias(TIME), F.lit(sign).cast("bigint").alias(DIFF))
-        )
-    return consolidate(parts[0].unionByName(parts[1]), node.columns)
+    states = [
+        (consolidate(rows.where(_c(TIME) <= at), state_cols, by_time=False), sign)
+        for at, sign in ((store.old, -1), (store.new, 1))
+    ]
+    return _numbered_change(node, states, read_key, order, stamp)
 
 
 def render_stateful(node: Reduce | SetOp | TopK, children: list[DataFrame], store: StateStore):
