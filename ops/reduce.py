@@ -12,6 +12,9 @@ answers "what are the groups' results at time ``t``" for the groups a change tou
   level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
   entries), and passes on only the buckets whose result changed; a level whose change is
   empty stops the climb.
+- *buffer* (TopK over a stateless input): per group, its first ``k + spare`` rows and its row
+  count; the touched groups' buffers are merged with the change ranked at or above their last
+  row, and a group left short is refilled from its input evaluated from scratch.
 - *basic*: the touched groups are recomputed by Spark from the branch's input arrangement.
 - *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on.
 - *threshold*: per-row counts of both inputs of INTERSECT/EXCEPT, and the multiplicity rule.
@@ -58,6 +61,7 @@ class StateStore:
             None when an earlier attempt already wrote this epoch.
         read: ``(table, key columns, keys, as_of)`` the table's raw rows (``_time <= as_of``)
             whose key columns equal (NULL-safe) a row of ``keys``.
+        progress: reports what a refresh does (the engine names the view).
         snapshot: a stateless plan node's whole collection at ``new``, evaluated from scratch
             as updates ``(columns..., _time, _diff)`` (a buffered TopK's refill).
     """

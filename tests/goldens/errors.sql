@@ -42,6 +42,9 @@ CREATE VIEW v AS SELECT DISTINCT o_custkey FROM orders ORDER BY o_totalprice LIM
 -- case: bad group size hint
 -- ivm: expected_group_size = lots
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
+-- case: negative topk spare hint
+-- ivm: topk_spare = -3
+CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 3
 -- case: unknown hint
 -- ivm: group_size = 10
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
