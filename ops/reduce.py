@@ -442,7 +442,11 @@ def _buffered(
     k = node.limit + node.offset
     kept = k + topk_spare(node)
     framed = delta if node.partition else _with_global_key(delta)
-    change = consolidate(framed.select(*[_c(c) for c in cols], DIFF), cols, by_time=False)
+    change = framed.select(*[_c(c) for c in cols], DIFF)
+    if store.old > 0:
+        change = materialize(consolidate(change, cols, by_time=False))
+    elif not scan_only(change):  # a build reads its input twice (counts and buffers)
+        change = materialize(change)
     counts = consolidate(change, keys, by_time=False)
     stamp = F.lit(store.new).cast("bigint")
 
@@ -505,7 +509,7 @@ def _buffered(
         first_new.unionByName(first_old.withColumn(DIFF, -_c(DIFF))).withColumn(TIME, stamp),
         cols,
     )
-    store.write(first_table, materialize(buffer_change))
+    store.write(first_table, buffer_change)
     return first_old, first_new
 
 
@@ -811,13 +815,14 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     rest = [c for c in data if c not in keys]
     k = node.limit + node.offset
     order = _order_columns(node.order, data)
-    delta = materialize(delta.select(*[_c(c) for c in data], DIFF).where(_c(DIFF) != 0))
+    delta = delta.select(*[_c(c) for c in data], DIFF).where(_c(DIFF) != 0)
     top = branch.tables[-1]
     stamp = F.lit(store.new).cast("bigint")
-    if branch.kind == "buffer":
+    if branch.kind == "buffer":  # it keeps its consolidated change
         old_first, new_first = _buffered(node, branch, delta, store, order)
         states = [(old_first, -1), (new_first, 1)]
         return _numbered_change(node, states, list(branch.state_keys), order, stamp)
+    delta = materialize(delta)
     if branch.levels == 0:  # monotonic: the old first k and the insertions
         _check_append_only(node.label, delta)
         tkeys = keys or [GLOBAL_KEY]
