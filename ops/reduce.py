@@ -495,7 +495,10 @@ def _buffered(
             short = store.spark.createDataFrame(found, short.schema)
             if store.snapshot is None:
                 raise InvariantViolation(f"TopK {node.label} needs its input to refill a group")
-            store.progress(f"TopK {node.label}: {refills} group(s) under {k} rows: refilled")
+            store.progress(
+                f"TopK {node.label}: {refills} group(s) under {k} rows: refilled from the input "
+                f"(if this repeats, raise the hint topk_spare above {topk_spare(node)})"
+            )
             whole = store.snapshot(node.input)
             whole = whole if node.partition else _with_global_key(whole)
             whole = _join_on(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")

@@ -246,7 +246,7 @@ def test_buffered_topk_refills_only_a_depleted_group(spark, make_project, tmp_pa
         assert report.ok, [v.error for v in report.views]
         for c in compare_views(engine):
             assert c.equal, c.describe()
-        return [m.split(": ", 1)[0] for m in messages if m.endswith("rows: refilled")]
+        return [m.split(": ", 1)[0] for m in messages if "rows: refilled from the input" in m]
 
     def buffered(view: str) -> dict:
         uri = engine.state_uri(view, "r0.topk.first")
