@@ -94,13 +94,23 @@ VIEWS = {
     """,
     "r_over_agg": "CREATE VIEW r_over_agg AS SELECT grp, sp FROM r_acc WHERE n > 2",
     "r_topk_tight": """
-        -- ivm: topk_spare = 1
+        -- ivm: topk_spare = 0
         CREATE VIEW r_topk_tight AS
         SELECT * FROM (
             SELECT grp, id, price,
                    ROW_NUMBER() OVER (PARTITION BY grp ORDER BY price DESC NULLS LAST, id) AS rn
             FROM items
         ) WHERE rn <= 2
+    """,
+    "r_topk_offset": """
+        -- ivm: topk_spare = 0
+        CREATE VIEW r_topk_offset AS
+        SELECT id, price FROM items ORDER BY price DESC NULLS LAST, id LIMIT 3 OFFSET 2
+    """,
+    "r_top_of_view": """
+        -- ivm: topk_spare = 0
+        CREATE VIEW r_top_of_view AS
+        SELECT grp, sp FROM r_acc ORDER BY sp DESC NULLS LAST, grp NULLS FIRST LIMIT 2
     """,
     "r_top_sums": """
         -- ivm: expected_group_size = 20
@@ -114,11 +124,16 @@ VIEWS = {
 @pytest.mark.parametrize("seed", [2025])
 def test_reductions_match_duckdb(spark, make_project, tmp_path, seed):
     lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
+    messages: list[str] = []
+    engine.progress = messages.append
     for _ in range(3):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
         check_all(engine)
+    # A TopK over a view with no spare rows refilled from the view's contents at least once.
+    refilled = {m.split(":", 1)[0] for m in messages if "refilled from the input" in m}
+    assert "r_top_of_view" in refilled, messages
 
 
 JOIN_VIEWS = {
