@@ -412,7 +412,8 @@ def _first_k(rows: DataFrame, group: list[str], order: list[Column], k: int) -> 
     positive), the last one's multiplicity cut to fit.
 
     They are among the first ``k`` distinct rows, which Spark keeps per task before the shuffle
-    (a window group limit): a global top-k over 1.5M rows sorts a few hundred.
+    (a partial window group limit; without groups, a take-ordered), so a top-k over 1.5M rows
+    sorts a few hundred of them after the shuffle.
     """
     w = Window.partitionBy(*[_c(g) for g in group]).orderBy(*order)
     rows = rows.withColumn("_rn", F.row_number().over(w)).where(_c("_rn") <= k).drop("_rn")
@@ -821,7 +822,7 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     delta = delta.select(*[_c(c) for c in data], DIFF).where(_c(DIFF) != 0)
     top = branch.tables[-1]
     stamp = F.lit(store.new).cast("bigint")
-    if branch.kind == "buffer":  # it keeps its consolidated change
+    if branch.kind == "buffer":  # it keeps a copy of its consolidated change itself
         old_first, new_first = _buffered(node, branch, delta, store, order)
         states = [(old_first, -1), (new_first, 1)]
         return _numbered_change(node, states, list(branch.state_keys), order, stamp)
