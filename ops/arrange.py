@@ -95,10 +95,12 @@ def write_updates(
     metadata: Mapping[str, str],
     overwrite: bool = False,
     rows_hint: int | None = None,
+    in_ranges: bool = False,
 ) -> CommitResult:
-    """Append (or, ``overwrite``, start anew with) consolidated updates sorted by ``key``."""
+    """Append (or, ``overwrite``, start anew with) consolidated updates sorted by ``key``;
+    ``in_ranges``: each partition of ``updates`` already holds its own range of ``key``."""
     return append_updates(
-        sorted_by(updates, key, rows_hint),
+        sorted_by(updates, key, rows_hint, in_ranges),
         uri,
         app_id=app_id,
         epoch=epoch,
@@ -113,18 +115,24 @@ PARQUET_OPTIONS: Mapping[str, object] = {
     "parquet.block.size": ROW_GROUP_BYTES,
     "parquet.page.row.count.limit": PAGE_ROWS,
     "parquet.page.size": 64 * 1024,
+    "maxRecordsPerFile": ROWS_PER_FILE,
 }
 """How arrangement files are written: small pages, so a key lookup reads few rows."""
 
 
-def sorted_by(updates: DataFrame, key: Sequence[str], rows_hint: int | None) -> DataFrame:
-    """``updates`` laid out as arrangement files: ranges of ``key``, sorted within each."""
+def sorted_by(
+    updates: DataFrame, key: Sequence[str], rows_hint: int | None, in_ranges: bool = False
+) -> DataFrame:
+    """``updates`` laid out as arrangement files: ranges of ``key``, sorted within each.
+
+    ``in_ranges``: the partitions already hold non-overlapping ranges of ``key`` (a source
+    loaded in key order, :func:`ops.ingest.source_snapshot_in_order`): each is sorted where it
+    is, with no sampling pass and no shuffle (SF1 ``lineitem``, 6M rows: 7.3-8.1s against
+    13.3-19.5s, alternated). Files are cut at :data:`ROWS_PER_FILE` rows either way."""
     cols = [F.col(f"`{c}`") for c in key]
     n_files = max(1, math.ceil((rows_hint or 0) / ROWS_PER_FILE))
-    if n_files > 1:
-        updates = updates.repartitionByRange(n_files, *cols)
-    else:
-        updates = updates.coalesce(1)
+    if not in_ranges:
+        updates = updates.repartitionByRange(n_files, *cols) if n_files > 1 else updates.coalesce(1)
     return updates.sortWithinPartitions(*cols, TIME)
 
 

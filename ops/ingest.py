@@ -29,7 +29,14 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.errors import ChangeFeedError
 from ops import DIFF, TIME
-from resources.lake import DataFile, FileStats, SourceTable, table_file_stats, table_files
+from resources.lake import (
+    DataFile,
+    FileStats,
+    SourceTable,
+    key_ordered,
+    table_file_stats,
+    table_files,
+)
 
 
 def read_files(
@@ -73,16 +80,50 @@ def _lower_names(df: DataFrame) -> DataFrame:
 
 
 def source_snapshot(
-    spark: SparkSession, source: SourceTable, version: int, epoch: int
+    spark: SparkSession,
+    source: SourceTable,
+    version: int,
+    epoch: int,
+    files: Sequence[DataFile] | None = None,
 ) -> DataFrame:
-    """The source's contents at ``version`` as ``+1`` updates at ``epoch``."""
-    files = source.files(version)
+    """The source's contents at ``version`` as ``+1`` updates at ``epoch`` (``files``: that
+    version's files, when the caller has them)."""
+    files = source.files(version) if files is None else files
     df = read_files(spark, files, source.arrow_schema(version), source.partition_columns(version))
     return (
         _lower_names(df)
         .withColumn(TIME, F.lit(epoch).cast("bigint"))
         .withColumn(DIFF, F.lit(1).cast("bigint"))
     )
+
+
+ORDERED_MAX_FILES = 64
+"""At most this many files are read one by one in key order (one scan each)."""
+
+
+def source_snapshot_in_order(
+    spark: SparkSession, source: SourceTable, version: int, epoch: int, column: str
+) -> DataFrame | None:
+    """:func:`source_snapshot` with every Spark partition holding a range of ``column`` that
+    no other partition's overlaps, or None when the files are not laid out by ``column``
+    (:func:`resources.lake.key_ordered`), it is a partition column, or there are more than
+    :data:`ORDERED_MAX_FILES` files.
+
+    Each file is its own scan (Spark would pack pieces of several files into one partition),
+    and a scan splits a file into runs of whole row groups, so sorting each partition yields
+    files whose key ranges do not overlap, as a range partitioning would, without its
+    sampling pass and shuffle.
+    """
+    if column in {c.lower() for c in source.partition_columns(version)}:
+        return None
+    files = source.files(version)
+    if not files or len(files) > ORDERED_MAX_FILES:
+        return None
+    ordered = key_ordered(files, column)
+    if ordered is None:
+        return None
+    parts = [source_snapshot(spark, source, version, epoch, [f]) for f in ordered]
+    return reduce(DataFrame.unionByName, parts)
 
 
 @dataclass

@@ -583,6 +583,74 @@ def file_stats(fs: pafs.FileSystem, path: str) -> tuple[int, str, pa.Schema]:
     return md.num_rows, json.dumps(stats, separators=(",", ":")), schema
 
 
+KEY_ORDER_SLACK = 1.25
+"""How far row group ranges may overlap and still count as laid out by a key: their widths
+summed over the width of the whole range (1.0: no overlap; N row groups each spanning every
+key: N). TPC-H's generated files come to 1.03 (``lineitem``) and 1.12 (``orders``): their
+row groups overlap a little at the edges."""
+
+
+def key_ordered(files: Sequence[DataFile], column: str) -> list[DataFile] | None:
+    """``files`` in the order of ``column`` when the data is already laid out by it, from the
+    Parquet footers alone: within each file the row groups start at non-decreasing values,
+    and the row groups' ranges overlap little (:data:`KEY_ORDER_SLACK`; not at all for a
+    column whose values have no width, such as strings). The rows within a row group may be
+    in any order. None otherwise, or when a footer lacks the column or its min/max
+    statistics, or the column holds NULLs.
+
+    Data loaded in key order (TPC-H's generator, append-only tables keyed by increasing ids)
+    passes; sorting each run of row groups where it is then yields files whose key ranges
+    barely overlap, as a range partitioning would, without its sampling pass and shuffle.
+    """
+    ranges: list[tuple[Any, Any]] = []
+    firsts: list[tuple[Any, DataFile]] = []
+    for f in files:
+        fs, path = _fs(f.uri)
+        with fs.open_input_file(path) as handle:
+            md = pq.ParquetFile(handle).metadata
+        found = [i for i in range(md.num_columns) if md.schema.column(i).path.lower() == column]
+        if len(found) != 1:
+            return None
+        groups = []
+        for g in range(md.num_row_groups):
+            if md.row_group(g).num_rows == 0:
+                continue
+            st = md.row_group(g).column(found[0]).statistics
+            if st is None or not st.has_min_max or st.null_count:
+                return None
+            groups.append((st.min, st.max))
+        if any(a[0] > b[0] for a, b in zip(groups, groups[1:], strict=False)):
+            return None
+        if groups:
+            ranges += groups
+            firsts.append((groups[0][0], f))
+    if not ranges:
+        return list(files)
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    try:
+        total = _width(lo, hi)
+        spread = sum(_width(a, b) for a, b in ranges)
+    except TypeError:  # no width: the ranges must not overlap
+        ranges.sort()
+        if any(a[1] > b[0] for a, b in zip(ranges, ranges[1:], strict=False)):
+            return None
+    else:
+        if spread > KEY_ORDER_SLACK * total:
+            return None
+    return [f for _, f in sorted(firsts, key=lambda x: x[0])]
+
+
+def _width(lo: Any, hi: Any) -> float:
+    """``hi - lo`` as a number (days for dates); TypeError for values without a width."""
+    if isinstance(lo, bool) or isinstance(hi, bool):
+        raise TypeError("booleans have no width")
+    if isinstance(lo, date) and isinstance(hi, date):
+        return float((hi - lo).total_seconds()) if isinstance(lo, datetime) else (hi - lo).days
+    if isinstance(lo, (int, float, Decimal)) and isinstance(hi, (int, float, Decimal)):
+        return float(hi) - float(lo)
+    raise TypeError(f"{type(lo).__name__} values have no width")
+
+
 @dataclass
 class StagedFiles:
     """Parquet files Spark wrote into a staging folder, ready to commit."""

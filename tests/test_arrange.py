@@ -1,8 +1,10 @@
-"""Arrangement lookups (``ops.arrange.lookup``) on a real Delta arrangement.
+"""Arrangements on real Delta tables: lookups (``ops.arrange.lookup``) and builds.
 
 Both lookup shapes must return the arrangement's state at the time asked for exactly the keys
 asked: a few keys pushed down as ``key IN (...)`` (the page index skips pages, and the scan
-runs without Parquet's dictionary filter), and many keys read once and semi-joined.
+runs without Parquet's dictionary filter), and many keys read once and semi-joined. A build
+must lay out sorted files with disjoint key ranges, by sorting a source already in key order
+where it is, or by range-partitioning any other.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable, WriterProperties, write_deltalake
 from pyspark.sql import functions as F
 
 import ops.arrange as arrange
+from ivm.engine import Engine
+from ivm.oracle import compare_views
 from ops import DIFF, TIME
-from resources.lake import open_table
+from resources.lake import DataFile, key_ordered, local_path, open_table, table_files
 
 pytestmark = pytest.mark.spark
 
@@ -104,3 +110,99 @@ def test_lookup_of_some_columns_projects_then_sums(spark, arrangement) -> None:
     assert scans
     for scan in scans:
         assert sorted(scan.requiredSchema().fieldNames()) == sorted(["k", TIME, DIFF])
+
+
+def _parquet(path: Path, groups: list[list], kind: pa.DataType | None = None) -> DataFile:
+    """A Parquet file with one row group per list (rows in the order given)."""
+    writer = pq.ParquetWriter(path, pa.schema([("K", kind or pa.int64()), ("v", pa.int64())]))
+    for keys in groups:
+        writer.write_table(pa.table({"K": keys, "v": [0] * len(keys)}, schema=writer.schema))
+    writer.close()
+    return DataFile(str(path), {}, sum(len(g) for g in groups))
+
+
+def test_key_ordered_reads_row_group_ranges_from_footers(tmp_path) -> None:
+    """Files are in key order when, within each, row groups start at non-decreasing keys and
+    all their ranges overlap little (strings: not at all); the rows inside a row group may
+    be in any order."""
+    low = _parquet(tmp_path / "low.parquet", [[3, 1, 2], [6, 4, 5]])
+    high = _parquet(tmp_path / "high.parquet", [[9, 6, 7], [12, 10]])
+    assert key_ordered([high, low], "k") == [low, high]
+    late = _parquet(tmp_path / "late.parquet", [[6, 4, 5], [3, 1, 2]])  # groups out of order
+    assert key_ordered([late], "k") is None
+    everywhere = _parquet(tmp_path / "everywhere.parquet", [[12, 1]])  # spans every key
+    assert key_ordered([low, high, everywhere], "k") is None
+    edges = [  # 1..100 and 95..200: ranges summing to 1.02x the whole, as TPC-H's files
+        _parquet(tmp_path / "e1.parquet", [list(range(100, 0, -1))]),
+        _parquet(tmp_path / "e2.parquet", [list(range(95, 201))]),
+    ]
+    assert key_ordered(edges[::-1], "k") == edges
+    nulls = _parquet(tmp_path / "nulls.parquet", [[20, None]])
+    assert key_ordered([nulls], "k") is None
+    assert key_ordered([low], "missing") is None
+    text = [
+        _parquet(tmp_path / "s1.parquet", [["b", "a"]], pa.string()),
+        _parquet(tmp_path / "s2.parquet", [["c", "d"]], pa.string()),
+        _parquet(tmp_path / "s3.parquet", [["bb", "e"]], pa.string()),
+    ]
+    assert key_ordered(text[1::-1], "k") == text[:2]
+    assert key_ordered(text, "k") is None  # no width to measure overlap by: none allowed
+
+
+def test_a_source_in_key_order_is_arranged_without_a_shuffle(
+    spark, make_project, tmp_path, monkeypatch
+) -> None:
+    """A source loaded in key order (its row groups hold disjoint key ranges, rows shuffled
+    inside them) is arranged by sorting each partition where it is: the files come out
+    sorted with disjoint ranges, as with the range-partitioned path the other source takes,
+    and the join over both stays equal to DuckDB's through a change."""
+    monkeypatch.setattr(arrange, "ROWS_PER_FILE", 100)  # the engine's "large source" floor
+    rng = random.Random(5)
+    ordered, scattered = str(tmp_path / "data" / "big"), str(tmp_path / "data" / "small")
+    cdf = {"delta.enableChangeDataFeed": "true"}
+    for start in (0, 2_000, 4_000):  # three appends, two row groups each
+        ids = list(range(start, start + 2_000))
+        halves = [ids[:1_000], ids[1_000:]]
+        for half in halves:
+            rng.shuffle(half)
+        table = pa.table({"id": halves[0] + halves[1], "v": [i % 7 for i in range(2_000)]})
+        write_deltalake(
+            ordered,
+            table,
+            mode="append",
+            configuration=cdf,
+            writer_properties=WriterProperties(max_row_group_size=1_000),
+        )
+    for seed in (1, 2):  # each file spans the whole key range
+        ids = random.Random(seed).sample(range(6_000), 1_500)
+        write_deltalake(
+            scattered,
+            pa.table({"id": ids, "w": [i % 5 for i in ids]}),
+            mode="append",
+            configuration=cdf,
+        )
+    view = "CREATE VIEW joined AS SELECT b.id, b.v, s.w FROM big b JOIN small s ON b.id = s.id"
+    root = make_project({"joined": view}, {"big": ordered, "small": scattered})
+    messages: list[str] = []
+    engine = Engine(root, spark=spark, progress=messages.append)
+    assert engine.refresh().ok
+    built = {m.split(":")[0]: m for m in messages if m.startswith("arrangement ")}
+    assert "from a source in key order, without a shuffle" in built["arrangement big[id]"]
+    assert "key order" not in built["arrangement small[id]"]
+    for name, rows in (("big__by__id", 6_000), ("small__by__id", 3_000)):
+        uri = str(root / "lake" / "arrangements" / name)
+        ranges = []
+        for f in table_files(uri):
+            keys = pq.read_table(local_path(f.uri), columns=["id"]).column("id").to_pylist()
+            assert keys == sorted(keys), f"{name}: {f.uri} is not sorted"
+            ranges.append((keys[0], keys[-1], len(keys)))
+        ranges.sort()
+        assert sum(r[2] for r in ranges) == rows
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    dt = DeltaTable(ordered)
+    dt.delete("id % 97 = 0")
+    write_deltalake(ordered, pa.table({"id": [6_001, 6_002], "v": [1, 2]}), mode="append")
+    write_deltalake(scattered, pa.table({"id": [6_001, 12], "w": [3, 4]}), mode="append")
+    assert engine.refresh().ok
+    for c in compare_views(engine):
+        assert c.equal, c.describe()
