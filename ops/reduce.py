@@ -38,7 +38,15 @@ from pyspark.sql import types as T
 
 from ivm.errors import InvariantViolation, UnsupportedSqlError
 from ivm.plan.ir import Aggregate, Node, Reduce, SetOp, TopK
-from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, Branch, StateTable, branches, topk_spare
+from ivm.plan.reduce import (
+    FANOUT_BITS,
+    GLOBAL_KEY,
+    Branch,
+    StateTable,
+    branches,
+    presum_grain,
+    topk_spare,
+)
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 
@@ -563,7 +571,7 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         keys = [GLOBAL_KEY]
     delta = delta.where(_c(DIFF) != 0)
     schema = delta.schema
-    presum = _presum(node, delta, keys)
+    presum = _presum(node, delta)
     if presum is not None:
         delta = materialize(presum)
     elif not scan_only(delta):
@@ -602,39 +610,18 @@ def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -
     return left.join(renamed, on=cond, how=how).drop(*[f"_r_{k}" for k in keys])
 
 
-_PRESUMMABLE = frozenset({"accumulable", "hierarchical", "basic"})
+def _presum(node: Reduce, delta: DataFrame) -> DataFrame | None:
+    """The input summed at :func:`ivm.plan.reduce.presum_grain` (None: not chosen).
 
-
-def _branch_columns(branch: Branch) -> list[str]:
-    """The input columns besides the group keys that a branch reads row by row (a plain
-    accumulable branch reads only its sums)."""
-    if branch.distinct or branch.kind == "hierarchical":
-        return [branch.value or ""]
-    if branch.kind == "basic":
-        return sorted({c for a in branch.aggregates for c in a.reads})
-    return []
-
-
-def _presum(node: Reduce, delta: DataFrame, keys: list[str]) -> DataFrame | None:
-    """The input summed at the finest grain any branch needs, or None when that would not
-    save work (the multiset of a differential dataflow reduce's input, pre-aggregated).
-
-    Grain: the group keys plus every column a branch reads row by row (a DISTINCT or MIN/MAX
-    value, a basic aggregate's arguments). Per grain it holds ``_diff`` summed and the plain
-    accumulable branch's state sums (its contributions are linear in ``_diff``, so summing
-    them again per group is exact, decimals included). Rows whose ``_diff`` and sums are all
-    zero are dropped (they change nothing); a row with a zero ``_diff`` but non-zero sums is
-    kept (an update of a summed column). Applied when every branch reads such a grain and
-    there is a plain accumulable branch or more than one branch: a build then keeps (say)
-    1.5M grain rows instead of the 6M-row join under them, and each branch reads those.
+    Per grain it holds ``_diff`` summed and the plain accumulable branch's state sums. Rows
+    whose ``_diff`` and sums are all zero are dropped (they change nothing); a row with a
+    zero ``_diff`` but non-zero sums is kept (an update of a summed column). A build then
+    keeps (say) revenue_by_segment's 1.5M grain rows instead of the 6M-row join under them.
     """
-    found = branches(node)
-    if not found or any(b.kind not in _PRESUMMABLE for b in found):
+    grain = presum_grain(node)
+    if grain is None:
         return None
-    plain = [b for b in found if b.kind == "accumulable" and not b.distinct]
-    if not plain and len(found) < 2:
-        return None
-    grain = list(dict.fromkeys([*keys, *[c for b in found for c in _branch_columns(b)]]))
+    plain = [b for b in branches(node) if b.kind == "accumulable" and not b.distinct]
     accs = [_accumulator(b.aggregates, delta.schema) for b in plain]
     sums = [
         F.sum(c).alias(n)

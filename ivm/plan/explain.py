@@ -27,7 +27,14 @@ from ivm.plan.ir import (
 )
 from ivm.plan.join import plan_paths
 from ivm.plan.planner import ProjectPlan, ViewPlan
-from ivm.plan.reduce import DEFAULT_GROUP_SIZE, Branch, branches, state_tables
+from ivm.plan.reduce import (
+    DEFAULT_GROUP_SIZE,
+    GLOBAL_KEY,
+    Branch,
+    branches,
+    presum_grain,
+    state_tables,
+)
 from ivm.sql.parse import DIALECT
 
 _INTERNAL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)\b")
@@ -176,6 +183,11 @@ def _stateful_lines(node: Reduce | SetOp | TopK, depth: int) -> list[str]:
         head = f"TopK {node.label}{part} ORDER BY {order} LIMIT {node.limit}{skip}{rank}"
     group_size = getattr(node, "group_size", None)
     lines = [pad + head]
+    grain = presum_grain(node) if isinstance(node, Reduce) else None
+    if grain is not None:
+        shown = [_pretty(c) for c in grain if c != GLOBAL_KEY]
+        by = f"by ({', '.join(shown)})" if shown else "into one row"
+        lines.append(pad + f"  input summed {by} first")
     for b in bs:
         lines.append(pad + "  branch " + _branch_text(b, group_size))
     if len(bs) > 1:

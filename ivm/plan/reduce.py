@@ -209,6 +209,39 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
     return tuple(out)
 
 
+PRESUMMABLE: frozenset[BranchKind] = frozenset({"accumulable", "hierarchical", "basic"})
+
+
+def branch_columns(branch: Branch) -> tuple[str, ...]:
+    """The input columns besides the group keys that a branch reads row by row (a plain
+    accumulable branch reads only its sums)."""
+    if branch.distinct or branch.kind == "hierarchical":
+        return (branch.value or "",)
+    if branch.kind == "basic":
+        return tuple(sorted({c for a in branch.aggregates for c in a.reads}))
+    return ()
+
+
+def presum_grain(node: Reduce) -> tuple[str, ...] | None:
+    """The columns a GROUP BY's input is summed by before its branches read it, or None.
+
+    The grain is the group keys plus every column a branch reads row by row (a DISTINCT or
+    MIN/MAX value, a basic aggregate's arguments); per grain the input's ``_diff`` and the
+    plain accumulable branch's sums are added up (they are linear in ``_diff``, so adding
+    them again per group is exact). Chosen when every branch reads such a grain and there is
+    a plain accumulable branch (it then sums few rows) or more than one branch (they share
+    one copy of the summed input instead of one of the raw input).
+    """
+    found = reduce_branches(node)
+    if not found or any(b.kind not in PRESUMMABLE for b in found):
+        return None
+    plain = any(b.kind == "accumulable" and not b.distinct for b in found)
+    if not plain and len(found) < 2:
+        return None
+    keys = node.keys or (GLOBAL_KEY,)
+    return tuple(dict.fromkeys([*keys, *[c for b in found for c in branch_columns(b)]]))
+
+
 def setop_branch(node: SetOp) -> Branch:
     return Branch(
         "threshold",
