@@ -105,13 +105,13 @@ def source_snapshot_in_order(
     spark: SparkSession, source: SourceTable, version: int, epoch: int, column: str
 ) -> DataFrame | None:
     """:func:`source_snapshot` with every Spark partition holding a range of ``column`` that
-    no other partition's overlaps, or None when the files are not laid out by ``column``
+    the others' barely overlap, or None when the files are not laid out by ``column``
     (:func:`resources.lake.key_ordered`), it is a partition column, or there are more than
     :data:`ORDERED_MAX_FILES` files.
 
     Each file is its own scan (Spark would pack pieces of several files into one partition),
     and a scan splits a file into runs of whole row groups, so sorting each partition yields
-    files whose key ranges do not overlap, as a range partitioning would, without its
+    files whose key ranges barely overlap, as a range partitioning would, without its
     sampling pass and shuffle.
     """
     if column in {c.lower() for c in source.partition_columns(version)}:
