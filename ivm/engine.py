@@ -836,8 +836,10 @@ class Engine:
             )
             change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
         else:
+            from ops.ingest import insertions_only
+
             net, files = self._net_change(plan, -1 if table_stale else table_done, target)
-            result.log_files_read = files
+            result.log_files_read = len(files)
             change = apply_to_table(
                 self.spark,
                 net,
@@ -847,6 +849,8 @@ class Engine:
                 metadata=table_meta,
                 label=name,
                 overwrite=table_stale,
+                positive=insertions_only(files),
+                rows_hint=sum(f.file.num_records or 0 for f in files),
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0
@@ -1286,7 +1290,8 @@ class Engine:
         return df
 
     def _net_change(self, plan: ViewPlan, table_done: int, target: int):
-        """The net change ``(columns..., _diff)`` the readable table needs, from the log."""
+        """The net change ``(columns..., _diff)`` the readable table needs, from the log, and
+        the log files read (with their ``_time`` and ``_diff`` statistics)."""
         from ops import DIFF
         from ops.consolidate import consolidate
         from ops.ingest import single_time, view_changes
@@ -1296,8 +1301,8 @@ class Engine:
             self.spark, log_uri, self.table_schema(log_uri), table_done, target
         )
         if single_time(files):  # one epoch's updates: already consolidated
-            return df.select(*[f"`{c}`" for c in plan.columns], DIFF), len(files)
-        return consolidate(df, plan.columns, by_time=False), len(files)
+            return df.select(*[f"`{c}`" for c in plan.columns], DIFF), files
+        return consolidate(df, plan.columns, by_time=False), files
 
     def table_schema(self, uri: str) -> pa.Schema:
         dt = open_table(uri)

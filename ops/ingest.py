@@ -236,7 +236,7 @@ def _changes_memo(
 
 def _log_stats_between(log_uri: str, lo: int, hi: int) -> list[FileStats]:
     out = []
-    for fs in table_file_stats(log_uri, [TIME]):
+    for fs in table_file_stats(log_uri, [TIME, DIFF]):
         tmin, tmax = fs.mins.get(TIME), fs.maxs.get(TIME)
         if tmin is not None and tmax is not None and (tmax <= lo or tmin > hi):
             continue
@@ -259,6 +259,12 @@ def single_time(files: Sequence[FileStats]) -> bool:
             return False
         times.add(tmin)
     return len(times) == 1
+
+
+def insertions_only(files: Sequence[FileStats]) -> bool:
+    """Whether diff-log files hold, by their statistics, positive diffs only (a view's first
+    build, an epoch that only added rows): then their net change deletes nothing."""
+    return all(fs.mins.get(DIFF) is not None and fs.mins[DIFF] >= 1 for fs in files)
 
 
 def view_changes(

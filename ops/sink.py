@@ -337,6 +337,8 @@ def apply_to_table(
     metadata: Mapping[str, str],
     label: str,
     overwrite: bool = False,
+    positive: bool = False,
+    rows_hint: int | None = None,
 ) -> TableChange:
     """Apply a net change ``(columns..., _diff)`` (consolidated, no zeros) to a readable table.
 
@@ -345,6 +347,13 @@ def apply_to_table(
         table_uri: the readable table (created if missing).
         label: the view's name, for messages.
         overwrite: ``net`` is the whole new contents; replace every file in one commit.
+        positive: every diff in ``net`` is positive (the caller knows it from the files'
+            statistics: a first build, an epoch that only added rows). Nothing is deleted, so
+            no file is rewritten and no pass counts the change first: the rows written are
+            the rows inserted. SF1 first builds, alternated (``/tmp`` script, see the
+            commit): ``building_open_lines`` (374k rows) 1.27-1.36s against 2.42-2.54s,
+            ``open_orders`` (732k rows) 1.00-1.21s against 2.24-2.67s.
+        rows_hint: about how many rows ``net`` holds (sizes a first build's files).
 
     Raises:
         InvariantViolation: a row would be deleted more times than the table holds it.
@@ -353,9 +362,13 @@ def apply_to_table(
     schema = arrow_schema(net, columns)
     types = {f.name: f.dataType for f in net.schema.fields}
     prunable = [c for c in columns[:PRUNE_COLUMNS] if isinstance(types[c], _BOUNDED_TYPES)]
-    net = net.persist()
+    if not positive:
+        net = net.persist()
     try:
-        inserted, deleted, bounds = _summary(net, prunable)
+        if positive:  # its size is known once written
+            inserted, deleted, bounds = rows_hint or 0, 0, {}
+        else:
+            inserted, deleted, bounds = _summary(net, prunable)
         # Only deletions need to find and rewrite existing files; insertions just append.
         candidates = (
             _candidate_files(spark, table_uri, net.where(F.col(DIFF) < 0), columns, bounds)
@@ -379,6 +392,8 @@ def apply_to_table(
             detail = str(e).split(f"{NEGATIVE}: ", 1)[1].splitlines()[0]
             multiplicity, _, example = detail.partition(" ")
             raise _negative(label, epoch, multiplicity, example) from None
+        if positive:  # nothing deleted: every row written was inserted
+            inserted = total_rows = staged.rows
         if staged.rows != total_rows and all(f.num_records is not None for f in candidates):
             # More rows than expected: some deleted row is in none of the files read.
             if (transaction_version(table_uri, app_id) or 0) >= epoch:
@@ -412,7 +427,8 @@ def apply_to_table(
             rows_rewritten=existing_rows,
         )
     finally:
-        net.unpersist()
+        if not positive:
+            net.unpersist()
 
 
 def _already_applied(table_uri: str, epoch: int) -> TableChange:

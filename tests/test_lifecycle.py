@@ -519,3 +519,38 @@ def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project,
     report = never.refresh()
     assert report.ok and {v.status for v in report.views} == {"refreshed"}
     assert_correct(never)
+
+
+def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
+    spark, make_project, src, monkeypatch
+) -> None:
+    """A first build and an epoch that only adds rows are known from the log files' ``_diff``
+    statistics to delete nothing: the table gets new files and no pass counts the change
+    first. An epoch that deletes still counts and rewrites."""
+    real = ops.sink._summary
+    counted: list[int] = []
+
+    def summary(net, columns):
+        counted.append(1)
+        return real(net, columns)
+
+    monkeypatch.setattr(ops.sink, "_summary", summary)
+    engine = Engine(make_project(VIEWS, {"src": src}), spark=spark)
+    assert engine.refresh().ok and counted == []
+    assert_correct(engine)
+    table = engine.layout.view_table("big")
+    before = set(DeltaTable(table).file_uris())
+    write_deltalake(src, rows((5, "a", 50), (5, "a", 50), (6, "b", 60)), mode="append")
+    report = engine.refresh()
+    assert report.ok and counted == []
+    big = next(v for v in report.views if v.view == "big")
+    assert (big.inserted, big.deleted, big.files_rewritten) == (3, 0, 0)
+    assert before < set(DeltaTable(table).file_uris())  # the old files stay as they were
+    assert_correct(engine)
+    DeltaTable(src).delete("k = 5")
+    write_deltalake(src, rows((7, "a", 70)), mode="append")
+    report = engine.refresh()
+    assert report.ok and counted  # deletions: counted, and their files rewritten
+    big = next(v for v in report.views if v.view == "big")
+    assert (big.inserted, big.deleted) == (1, 2)
+    assert_correct(engine)
