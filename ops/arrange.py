@@ -168,18 +168,21 @@ def lookup(
         columns: return only the key and these columns: the updates are projected before
             they are summed (a multiset projection), so the scans read no other column.
     """
+    keep = None if columns is None else {*columns, *key}
+    data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
+    files = table_file_stats(uri, [key[0], TIME])
+    live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
+    stats = LookupStats(lookups=1, files_total=len(files))
+    stats.rows_total = sum(f.file.num_records or 0 for f in files)
+    if not live:  # nothing at ``as_of`` (a state table before its first epoch): no Spark job
+        empty = read_files(spark, [], schema)
+        return (empty, stats) if raw else (consolidate(empty, data, by_time=False), stats)
     # The keys come to the driver once (Arrow), and the semi-join probes that local copy:
     # the stream behind ``keys`` is not computed again by the scan's job.
     found = (keys.distinct() if null_safe else keys.dropna().distinct()).toArrow()
     wanted = spark.createDataFrame(found)
     rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
-    stats = LookupStats(lookups=1, keys=len(rows))
-    keep = None if columns is None else {*columns, *key}
-    data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
-    files = table_file_stats(uri, [key[0], TIME])
-    stats.files_total = len(files)
-    stats.rows_total = sum(f.file.num_records or 0 for f in files)
-    live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
+    stats.keys = len(rows)
     first = sorted({r[0] for r in rows if r[0] is not None})
     null_first = any(r[0] is None for r in rows)
     k0 = F.col(f"`{key[0]}`")

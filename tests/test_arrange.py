@@ -92,6 +92,19 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
         assert _dictionary_filter(df) == [None]
 
 
+def test_lookup_before_the_first_epoch_runs_no_job(spark, arrangement) -> None:
+    """Nothing is live at an epoch before the arrangement's first (a state table read at the
+    build's ``done`` = 0): the lookup is empty without computing the keys' stream."""
+    uri, _, _ = arrangement
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    failing = spark.range(3).select(F.raise_error(F.lit("keys computed")).cast("bigint").alias("k"))
+    for raw in (False, True):
+        df, stats = arrange.lookup(spark, uri, schema, ["k"], failing, 0, null_safe=raw, raw=raw)
+        assert df.collect() == [] and stats.files_opened == 0 and stats.files_total > 0
+    with pytest.raises(Exception, match="keys computed"):  # at a live epoch, they are
+        arrange.lookup(spark, uri, schema, ["k"], failing, 1)
+
+
 def test_lookup_of_some_columns_projects_then_sums(spark, arrangement) -> None:
     """With ``columns``, the rows are the state projected to the key and those columns (their
     multiplicities summed), and the scans read no other column."""
