@@ -1055,7 +1055,7 @@ class Engine:
         from ops.arrange import LookupStats, lookup, write_updates
         from ops.reduce import StateStore
 
-        def write(table, updates) -> int | None:
+        def write(table, updates, rows_hint: int | None = None) -> int | None:
             uri = self.state_uri(plan.name, table.name)
             if self.table_epoch(uri) >= target:
                 return None  # written by an earlier attempt at this epoch
@@ -1068,6 +1068,7 @@ class Engine:
                 epoch=target,
                 metadata={"ivm.state": table.name, "ivm.view": plan.name},
                 overwrite=done == 0 and open_table(uri) is not None,
+                rows_hint=rows_hint,
             )
             crash_point("state_committed")
             self.progress(

@@ -64,9 +64,11 @@ class StateStore:
     Attributes:
         old: the epoch the state holds before this refresh (0: none, the view is being built).
         new: the epoch this refresh writes.
-        write: ``(table, updates)`` appends an epoch's updates to a state table once
-            (idempotent per epoch; a build replaces the table); returns the rows written, or
-            None when an earlier attempt already wrote this epoch.
+        write: ``(table, updates, rows_hint=None)`` appends an epoch's updates to a state
+            table once (idempotent per epoch; a build replaces the table); returns the rows
+            written, or None when an earlier attempt already wrote this epoch. ``rows_hint``
+            (about how many rows ``updates`` holds) lets a large build's write be spread over
+            several range-partitioned tasks; without it the write is one task.
         read: ``(table, key columns, keys, as_of)`` the table's raw rows (``_time <= as_of``)
             whose key columns equal (NULL-safe) a row of ``keys``.
         progress: reports what a refresh does (the engine names the view).
@@ -77,7 +79,7 @@ class StateStore:
     spark: SparkSession
     old: int
     new: int
-    write: Callable[[StateTable, DataFrame], int | None]
+    write: Callable[..., int | None]
     read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
     progress: Callable[[str], None] = field(default=lambda msg: None)
     snapshot: Callable[[Node], DataFrame] | None = None
@@ -682,6 +684,16 @@ def _distinct_change(
         store.write(table, change)
         return change
     change = materialize(change)
+    if store.old == 0:
+        # A build: no count was above zero before, so every value with a positive count is
+        # new and nothing crosses down: no lookup, no join, no second copy. The counts are
+        # one row per (group, value), so with their size the write is spread over the
+        # cores. SF1 revenue_by_segment rebuilt, alternated, first round dropped: 21.9-24.1s
+        # against 23.3-31.8s (its 1.5M-row count table: 3.6-4.3s against 4.4-5.2s).
+        store.write(table, change, rows_hint=change.count())
+        return change.where(_c(DIFF) > 0).select(
+            *[_c(c) for c in cols], F.lit(1).cast("bigint").alias(DIFF)
+        )
     old = store.read_consolidated(
         table, cols, change.select(*[_c(c) for c in cols]), store.old, change
     ).withColumnRenamed(DIFF, "_c_old")
