@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce as fold
+from typing import Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -53,6 +54,14 @@ from ops.consolidate import consolidate
 
 def _c(name: str) -> Column:
     return F.col(f"`{name}`")
+
+
+class StateWriter(Protocol):
+    """Appends an epoch's updates to a state table (see :class:`StateStore`'s ``write``)."""
+
+    def __call__(
+        self, table: StateTable, updates: DataFrame, rows_hint: int | None = None
+    ) -> int | None: ...
 
 
 @dataclass
@@ -79,7 +88,7 @@ class StateStore:
     spark: SparkSession
     old: int
     new: int
-    write: Callable[..., int | None]
+    write: StateWriter
     read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
     progress: Callable[[str], None] = field(default=lambda msg: None)
     snapshot: Callable[[Node], DataFrame] | None = None
