@@ -1,0 +1,30 @@
+"""The engine's Spark session: what its settings must buy, measured on the session itself."""
+
+from __future__ import annotations
+
+import pytest
+from py4j.clientserver import ClientServerConnection
+from pyspark.sql import functions as F
+
+pytestmark = pytest.mark.spark
+
+
+def test_expressions_cost_few_jvm_round_trips(spark, monkeypatch) -> None:
+    """A refresh builds thousands of Column expressions; each one's Py4J round trips are
+    paid again every epoch. With Spark 4's DataFrame call-site capture on, ``F.col`` costs
+    13 of them (active session, a setting, set and clear the origin); the engine's session
+    turns it off."""
+    F.col("warm")
+    calls = 0
+    send = ClientServerConnection.send_command
+
+    def counted(self, command: str, *args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(ClientServerConnection, "send_command", counted)
+    for _ in range(10):
+        F.col("a") + F.lit(1)
+    assert calls <= 10 * 10, f"{calls / 10:.0f} Py4J round trips per `col + lit` (7 expected)"
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
