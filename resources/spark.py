@@ -98,9 +98,10 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.sql.codegen.cache.maxEntries": "4000",
         # No Python call sites in DataFrame error contexts: with it on (Spark 4's default),
         # every Column function and DataFrame method first asks the JVM for the active
-        # session, a setting, and sets and clears the call site: 13 Py4J round trips for one
-        # F.col instead of 5 (3.2ms -> 0.5ms measured). A refresh builds thousands of
-        # expressions; the engine's own errors name the view, table and column.
+        # session, a setting, and sets and clears the call site: `F.col("a") + F.lit(1)` made
+        # 30 Py4J round trips instead of 7 (tests/test_spark.py counts them). SF1, sequential
+        # refresh of the demo's views, alternated in one session: 50.7-59.0s against
+        # 60.6-79.5s. The engine's own errors name the view, table and column.
         DATAFRAME_DEBUGGING: "false",
         # Errors only from the JVM (Spark's startup WARN lines say nothing a user can act on).
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}",

@@ -11,9 +11,9 @@ pytestmark = pytest.mark.spark
 
 def test_expressions_cost_few_jvm_round_trips(spark, monkeypatch) -> None:
     """A refresh builds thousands of Column expressions; each one's Py4J round trips are
-    paid again every epoch. With Spark 4's DataFrame call-site capture on, ``F.col`` costs
-    13 of them (active session, a setting, set and clear the origin); the engine's session
-    turns it off."""
+    paid again every epoch. With Spark 4's DataFrame call-site capture on, ``col + lit``
+    costs 30 of them (active session, a setting, set and clear the origin, per call); the
+    engine's session turns it off."""
     F.col("warm")
     calls = 0
     send = ClientServerConnection.send_command
