@@ -64,6 +64,14 @@ VIEWS = {
                percentile_disc(0.5) WITHIN GROUP (ORDER BY qty) AS pq
         FROM items GROUP BY grp
     """,
+    "r_grain": """
+        -- ivm: expected_group_size = 200
+        -- Its input is summed per (grp, tag), the grain of both the DISTINCT counts and
+        -- the MAX tower: they take that sum as their change, with no pass of their own.
+        CREATE VIEW r_grain AS
+        SELECT grp, count(*) AS n, sum(qty) AS sq, count(DISTINCT tag) AS dt, max(tag) AS mt
+        FROM items GROUP BY grp
+    """,
     "r_select_distinct": "CREATE VIEW r_select_distinct AS SELECT DISTINCT grp, qty FROM items",
     "r_union": """
         CREATE VIEW r_union AS SELECT grp AS k FROM items UNION SELECT kind FROM events
