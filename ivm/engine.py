@@ -850,7 +850,7 @@ class Engine:
                 label=name,
                 overwrite=table_stale,
                 positive=insertions_only(files),
-                rows_hint=sum(f.file.num_records or 0 for f in files),
+                rows_hint=_at_most(f.file.num_records for f in files),
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0
@@ -1470,3 +1470,13 @@ class Engine:
             "sources": sources,
             "views": views,
         }
+
+
+def _at_most(counts: Iterable[int | None]) -> int | None:
+    """The sum of row counts, or None when one is unknown (so no bound)."""
+    total = 0
+    for n in counts:
+        if n is None:
+            return None
+        total += n
+    return total
