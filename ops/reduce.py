@@ -601,8 +601,8 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         keys = [GLOBAL_KEY]
     delta = delta.where(_c(DIFF) != 0)
     schema = delta.schema
-    presum = _presum(node, delta)
-    grain = presum_grain(node) if presum is not None else None
+    grain = presum_grain(node)
+    presum = _presum(node, delta, grain) if grain is not None else None
     if presum is not None:
         delta = materialize(presum)
     elif not scan_only(delta):
@@ -639,17 +639,14 @@ def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -
     return left.join(renamed, on=cond, how=how).drop(*[f"_r_{k}" for k in keys])
 
 
-def _presum(node: Reduce, delta: DataFrame) -> DataFrame | None:
-    """The input summed at :func:`ivm.plan.reduce.presum_grain` (None: not chosen).
+def _presum(node: Reduce, delta: DataFrame, grain: Sequence[str]) -> DataFrame:
+    """The input summed at ``grain`` (:func:`ivm.plan.reduce.presum_grain`).
 
     Per grain it holds ``_diff`` summed and the plain accumulable branch's state sums. Rows
     whose ``_diff`` and sums are all zero are dropped (they change nothing); a row with a
     zero ``_diff`` but non-zero sums is kept (an update of a summed column). A build then
     keeps (say) revenue_by_segment's 1.5M grain rows instead of the 6M-row join under them.
     """
-    grain = presum_grain(node)
-    if grain is None:
-        return None
     plain = [b for b in branches(node) if b.kind == "accumulable" and not b.distinct]
     accs = [_accumulator(b.aggregates, delta.schema) for b in plain]
     sums = [
@@ -682,7 +679,7 @@ def _branch_values(
     if presummed and not (branch.kind == "accumulable" and not branch.distinct):
         delta = delta.where(_c(DIFF) != 0)
     if branch.distinct:
-        unique = grain is not None and set(grain) == {*keys, branch.value or ""}
+        unique = presummed and set(grain or ()) == {*keys, branch.value or ""}
         delta = _distinct_change(branch, delta, keys, store, unique)
     if branch.kind == "accumulable":
         acc = _accumulator(branch.aggregates, schema)
