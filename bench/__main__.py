@@ -10,7 +10,8 @@
    Spark session, the incremental refresh, Spark recomputing every view's SQL from scratch
    (result written as Parquet, as a full-refresh pipeline would) and DuckDB recomputing it
    over the same source versions (read with delta-rs);
-4. rows in the arrangement and state files each refresh opened; stored bytes against the raw
+4. the Spark jobs each way ran (a refresh's fixed cost is mostly its jobs' latency); rows in
+   the arrangement and state files each refresh opened; stored bytes against the raw
    Parquet bytes of the same columns, before and after ``ivm compact``; at SF1 (else the
    largest scale), the latency from a source commit to all views committed through the
    Dagster sensor.
@@ -62,6 +63,8 @@ class Point:
     auto: float = 0.0  # sweep: the engine's rule (recompute_above) chose per view
     share: float = 0.0  # sweep: input updates / input rows, largest over the views
     recomputed: int = 0  # sweep: views the rule recomputed
+    spark_jobs: int = 0  # Spark jobs the incremental refresh ran (summed over the views)
+    full_jobs: int = 0  # Spark jobs of the Spark full recompute
 
 
 @dataclass
@@ -120,20 +123,24 @@ def storage_totals(rows: list[dict]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def spark_full_recompute(engine, out: Path) -> float:
-    """Every view's SQL from scratch with Spark at the latest epoch, written as Parquet."""
-    from resources.spark import RUNTIME_BLOOM_FILTER
+def spark_full_recompute(engine, out: Path) -> tuple[float, int]:
+    """Every view's SQL from scratch with Spark at the latest epoch, written as Parquet: the
+    seconds it took and the Spark jobs it ran."""
+    from resources.spark import RUNTIME_BLOOM_FILTER, JobGroup
 
     epoch = engine.latest_epoch()
     conf = engine.spark.conf
     ours = conf.get(RUNTIME_BLOOM_FILTER)
     conf.unset(RUNTIME_BLOOM_FILTER)  # Spark's own default: runtime Bloom filters may help it
+    jobs = JobGroup("bench full recompute", "bench: every view's SQL from scratch")
+    jobs.open(engine.spark)
     try:
         started = time.perf_counter()
         for name in engine.plan.order:
             engine.from_scratch(name, epoch).write.mode("overwrite").parquet(str(out / name))
-        return time.perf_counter() - started
+        return time.perf_counter() - started, jobs.close(engine.spark)
     finally:
+        jobs.close(engine.spark)
         conf.set(RUNTIME_BLOOM_FILTER, ours)
 
 
@@ -220,13 +227,17 @@ def run_scale(
         inc = time.perf_counter() - started
         if not report.ok:
             raise SystemExit(f"refresh failed: {[v.error for v in report.views if v.error]}")
-        full = spark_full_recompute(engine, work / "full")
+        full, full_jobs = spark_full_recompute(engine, work / "full")
         duck = duckdb_full_recompute(engine)
         opened, total = _lookup_rows(report)
-        result.points.append(Point(scale, change, inc, full, duck, opened, total, str(summary)))
+        jobs = sum(v.spark_jobs for v in report.views)
+        point = Point(scale, change, inc, full, duck, opened, total, str(summary))
+        point.spark_jobs, point.full_jobs = jobs, full_jobs
+        result.points.append(point)
         say(
-            f"    run {run + 1}: incremental {inc:.1f}s | Spark full {full:.1f}s | "
-            f"DuckDB full {duck:.1f}s | rows in opened state files {opened:,} of {total:,}"
+            f"    run {run + 1}: incremental {inc:.1f}s ({jobs} Spark jobs) | Spark full "
+            f"{full:.1f}s ({full_jobs} jobs) | DuckDB full {duck:.1f}s | rows in opened state "
+            f"files {opened:,} of {total:,}"
         )
     result.checked = check_views(engine, f"SF {scale:g} after {runs} batches")
     result.storage["before"] = storage_report(engine)
@@ -278,7 +289,7 @@ def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> lis
         share = _input_share(ruled)
         auto, report = timed(ruled)
         recomputed = sum(v.status == "recomputed" for v in report.views)
-        full = spark_full_recompute(engine, work / "full")
+        full, _ = spark_full_recompute(engine, work / "full")
         duck = duckdb_full_recompute(engine)
         points.append(
             Point(
@@ -363,16 +374,18 @@ def write_markdown(
         + ".",
         "",
         "| SF | initial build | incremental | Spark full | DuckDB full | Spark full / incremental "
-        "| rows in opened state files |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| Spark jobs: incremental / full | rows in opened state files |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         inc, full, duck = r.median("incremental"), r.median("spark_full"), r.median("duckdb_full")
         opened = statistics.median(p.rows_opened for p in r.points)
         total = statistics.median(p.rows_total for p in r.points)
+        jobs = statistics.median(p.spark_jobs for p in r.points)
+        full_jobs = statistics.median(p.full_jobs for p in r.points)
         lines.append(
             f"| {r.scale:g} | {r.build:.1f} | {inc:.1f} | {full:.1f} | {duck:.1f} | "
-            f"{full / inc:.2f}x | {opened:,.0f} of {total:,.0f} |"
+            f"{full / inc:.2f}x | {jobs:,.0f} / {full_jobs:,.0f} | {opened:,.0f} of {total:,.0f} |"
         )
     lines += [
         "",

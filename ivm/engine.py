@@ -25,8 +25,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -64,6 +65,7 @@ from resources.lake import (
     read_epochs,
     table_files,
 )
+from resources.spark import JobGroup
 
 log = logging.getLogger("ivm")
 
@@ -103,6 +105,8 @@ class ViewResult:
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
     inputs_changed: bool = True  # False: nothing it reads changed; only its epoch moved
+    spark_jobs: int = 0  # Spark jobs its refresh ran (arrangements it wrote included)
+    spark_job_group: str | None = None  # their job group in the Spark UI (None: no Spark)
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata (for Dagster and JSON output)."""
@@ -118,6 +122,8 @@ class ViewResult:
             "inputs_changed": self.inputs_changed,
             "files_rewritten": self.files_rewritten,
             "log_files_read": self.log_files_read,
+            "spark_jobs": self.spark_jobs,
+            **({"spark_job_group": self.spark_job_group} if self.spark_job_group else {}),
             **{f"delta_version_{k}": v for k, v in self.commit_versions.items()},
             **{f"seconds_{k}": round(v, 3) for k, v in self.timings.items()},
             **{
@@ -254,6 +260,7 @@ class Engine:
         self._contracts: dict[str, Contract] = {}
         self._lock = threading.Lock()  # creating the Spark session and arrangement locks once
         self._arranging: dict[ArrangementKey, threading.Lock] = {}
+        self._thread = threading.local()  # .group: the JobGroup this thread's jobs go to
         self._repairing: set[str] = set()
         """Views being repaired: their diff log, not their table, is the stored truth, and
         the table is rewritten from the log."""
@@ -452,7 +459,27 @@ class Engine:
                 from resources.spark import get_spark
 
                 self._spark = get_spark(self.project.spark_conf)
+        group = getattr(self._thread, "group", None)
+        if group is not None and not group.opened:  # the session started inside the group
+            group.open(self._spark)
         return self._spark
+
+    @contextmanager
+    def _job_group(self, name: str, description: str) -> Iterator[JobGroup | None]:
+        """Put the Spark jobs this thread starts inside in one job group (see
+        :class:`~resources.spark.JobGroup`); yields None inside another group, which then
+        counts them. The session is not started for it: a step that needs no Spark runs none."""
+        if getattr(self._thread, "group", None) is not None:
+            yield None
+            return
+        group = self._thread.group = JobGroup(name, description)
+        try:
+            if self._spark is not None:
+                group.open(self._spark)
+            yield group
+        finally:
+            self._thread.group = None
+            group.close(self._spark)
 
     def refresh(
         self,
@@ -489,8 +516,9 @@ class Engine:
         else:
             asked = {self.view(v).name for v in (rebuild or [])}
         needs = {n for n in names if n in asked or self.rebuild_reason(n)}
-        minted = self.mint_epoch(force=bool(needs)) if mint else None
-        quarantined = self.quarantine()
+        with self._job_group("epoch", "ivm: mint an epoch, quarantine"):
+            minted = self.mint_epoch(force=bool(needs)) if mint else None
+            quarantined = self.quarantine()
         chosen = set(names)
         results = self._refresh_views([n for n in plan.order if n in chosen], asked)
         for name in unplanned:
@@ -741,6 +769,9 @@ class Engine:
     def refresh_view(self, name: str, *, rebuild: bool = False) -> ViewResult:
         """Bring one view to :meth:`target_epoch`; idempotent per epoch (see module doc).
 
+        Its Spark jobs run in a job group of their own (the Spark UI lists them under the
+        view's name); the result counts them.
+
         Args:
             name: the view.
             rebuild: recompute it from its inputs' state at the target epoch even if its
@@ -749,6 +780,14 @@ class Engine:
         Raises:
             IvmError: a rebuild is due but no epoch is newer than the view's (mint one).
         """
+        name = self.view(name).name
+        with self._job_group(f"view {name}", f"ivm: refresh view {name}") as group:
+            result = self._refresh_view(name, rebuild)
+        if group is not None and group.jobs:
+            result.spark_jobs, result.spark_job_group = group.jobs, group.id
+        return result
+
+    def _refresh_view(self, name: str, rebuild: bool) -> ViewResult:
         from ops.ingest import log_files_between
         from ops.sink import TableChange, append_updates, apply_to_table
 
@@ -1128,7 +1167,8 @@ class Engine:
         with self._lock:
             lock = self._arranging.setdefault(key, threading.Lock())
         with lock:  # views refreshed at once share it: one writes, the others find it done
-            return self._refresh_arrangement(key)
+            with self._job_group(f"arrangement {key.name}", f"ivm: arrangement {key.name}"):
+                return self._refresh_arrangement(key)
 
     def _refresh_arrangement(self, key: ArrangementKey) -> CommitResult | None:
         from pyspark.sql import functions as F
@@ -1337,6 +1377,10 @@ class Engine:
         downstream views consume) summed up to that epoch, and its readable table; also
         count negative multiplicities in the log. Doubles are compared to 9 decimals.
         A table behind its log (a refresh stopped between the two commits) is reported."""
+        with self._job_group(f"verify {name}", f"ivm: verify view {name}"):
+            return self._verify(name, examples)
+
+    def _verify(self, name: str, examples: int) -> VerifyResult:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 

@@ -10,6 +10,7 @@ Contract in ``(data, time, diff)`` terms: none; settings only change how updates
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -128,6 +129,60 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+_JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+_group_numbers = itertools.count(1)
+
+
+class JobGroup:
+    """The Spark jobs one thread starts while the group is open, under one job group: the
+    Spark UI lists them with their group and ``description``, and :meth:`close` counts them.
+
+    A job group is a property of the thread that starts the jobs (PySpark pins each Python
+    thread to a JVM thread of its own), so views refreshed at once keep their jobs apart; the
+    jobs Spark starts on its own threads for a query (broadcasts, adaptive stages) inherit it.
+    Opening saves the thread's previous group and closing restores it.
+    """
+
+    def __init__(self, name: str, description: str) -> None:
+        self.id = f"ivm-{next(_group_numbers)} {name}"
+        self.description = description
+        self.jobs = 0
+        self._previous: tuple[str | None, ...] | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._previous is not None
+
+    def open(self, spark) -> None:  # spark: SparkSession
+        sc = spark.sparkContext
+        self._previous = tuple(sc.getLocalProperty(k) for k in _JOB_PROPERTIES)
+        sc.setJobGroup(self.id, self.description)
+
+    def close(self, spark) -> int:
+        """Restore the thread's previous group; the number of jobs started in this one."""
+        if self._previous is None:
+            return 0
+        sc = spark.sparkContext
+        _listeners_caught_up(sc)
+        self.jobs = len(sc.statusTracker().getJobIdsForGroup(self.id))
+        for key, value in zip(_JOB_PROPERTIES, self._previous, strict=True):
+            sc.setLocalProperty(key, value)  # None removes it
+        self._previous = None
+        return self.jobs
+
+
+def _listeners_caught_up(sc, timeout_ms: int = 2000) -> None:
+    """Wait until Spark's listeners have seen every event posted so far (the status tracker
+    learns of a job from its start event, delivered asynchronously). Spark's own tests use
+    this internal call; if a Spark version lacks it, counts may miss a job that just ended."""
+    from py4j.protocol import Py4JError
+
+    try:
+        sc._jsc.sc().listenerBus().waitUntilEmpty(timeout_ms)
+    except Py4JError:
+        return
 
 
 def _active_session():

@@ -348,6 +348,8 @@ def test_views_whose_inputs_did_not_change_only_move_their_epoch(
         "other_rows": False,
         "other_groups": False,
     }
+    jobs = {v.view: v.spark_jobs for v in report.views}
+    assert jobs["other_rows"] == jobs["other_groups"] == 0 < jobs["big"], jobs  # no Spark job
     for view in ("other_rows", "other_groups"):  # the epoch moved; no file was written
         assert engine.table_epoch(engine.layout.view_log(view)) == 2
         assert engine.table_epoch(engine.layout.view_table(view)) == 2
@@ -557,3 +559,60 @@ def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
     big = next(v for v in report.views if v.view == "big")
     assert (big.inserted, big.deleted) == (1, 2)
     assert_correct(engine)
+
+
+def _jobs_run_by(spark, block) -> int:
+    """How many Spark jobs ``block()`` ran (job ids are numbered in order): two probe jobs in
+    a group of their own bracket it."""
+    sc = spark.sparkContext
+    ids = []
+    for _ in range(2):
+        sc.setJobGroup("test-probe", "test probe")
+        spark.range(1).collect()
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        ids.append(max(sc.statusTracker().getJobIdsForGroup("test-probe")))
+        if len(ids) == 1:
+            block()
+    return ids[1] - ids[0] - 1
+
+
+def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, src):
+    """A view's refresh runs its Spark jobs in a job group named for the view (the Spark UI
+    lists them so) and reports how many it ran. Views refreshed side by side keep their jobs
+    apart: every job of the refresh is in one view's group, and each view counts the same
+    jobs as when the same change is refreshed one view at a time."""
+    views = {
+        **VIEWS,
+        "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
+        "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, max(v) AS top FROM src GROUP BY grp",
+    }
+    root = make_project(views, {"src": src})
+    base = Engine(root, spark=spark).project
+    alone, together = (
+        Engine(replace(base, lake=str(root / f"lake{n}"), parallelism=n), spark=spark)
+        for n in (1, 3)
+    )
+    for engine in (alone, together):
+        assert engine.refresh().ok
+    DeltaTable(src).update({"v": "v + 1"}, predicate="k = 1")
+    write_deltalake(src, rows((4, "a", 5), (5, "c", 50)), mode="append")
+    sc = spark.sparkContext
+    counts = []
+    for engine in (alone, together):
+        assert engine.mint_epoch() is not None
+        for key in engine.plan.arrangements:  # written now: no view writes one below
+            engine.refresh_arrangement(key)
+        ungrouped = set(sc.statusTracker().getJobIdsForGroup())
+        reports: list = []
+        ran = _jobs_run_by(spark, lambda e=engine, out=reports: out.append(e.refresh()))
+        (report,) = reports
+        assert report.ok and report.minted is None
+        assert set(sc.statusTracker().getJobIdsForGroup()) <= ungrouped, "a job ran ungrouped"
+        assert sum(v.spark_jobs for v in report.views) == ran
+        for v in report.views:
+            assert v.spark_jobs > 0 and v.view in v.spark_job_group, v
+            assert len(sc.statusTracker().getJobIdsForGroup(v.spark_job_group)) == v.spark_jobs
+            assert v.metadata()["spark_jobs"] == v.spark_jobs
+        counts.append({v.view: v.spark_jobs for v in report.views})
+        assert_correct(engine)
+    assert counts[0] == counts[1]
