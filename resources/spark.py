@@ -1,11 +1,13 @@
-"""The Spark session: its settings, creation, and the Java check that precedes it.
+"""The Spark session: its settings, creation, the Java check that precedes it, and the job
+groups that label a thread's Spark jobs (:class:`JobGroup`).
 
 Owns every Spark setting the engine relies on. The engine holds one session per process; tests
 share one per run; Dagster steps receive it through dagster-pyspark's resource, built from
 :func:`spark_conf` so that ``ivm refresh`` and a Dagster run compute on identical settings.
 
 Contract in ``(data, time, diff)`` terms: none; settings only change how updates are computed
-(e.g. UTC session time zone and microsecond Parquet timestamps keep timestamps exact).
+(e.g. UTC session time zone and microsecond Parquet timestamps keep timestamps exact), and job
+groups only name and count the jobs that compute them.
 """
 
 from __future__ import annotations
