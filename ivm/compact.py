@@ -166,10 +166,11 @@ def compact(engine: Any, *, retention_hours: float = 168.0) -> CompactReport:
             files,
             files,
         )
-        if target.since is None:
-            _optimize(engine, target.uri, result)
-        else:
-            _advance(engine, target, result)
+        with engine.job_group(f"compact {result.table}", f"ivm: compact {result.table}"):
+            if target.since is None:
+                _optimize(engine, target.uri, result)
+            else:
+                _advance(engine, target, result)
         result.seconds = time.perf_counter() - t0
         engine.progress(
             f"compact {result.table}: {result.skipped or 'done'}: rows {result.rows_before} -> "

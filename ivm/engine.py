@@ -465,7 +465,7 @@ class Engine:
         return self._spark
 
     @contextmanager
-    def _job_group(self, name: str, description: str) -> Iterator[JobGroup | None]:
+    def job_group(self, name: str, description: str) -> Iterator[JobGroup | None]:
         """Put the Spark jobs this thread starts inside in one job group (see
         :class:`~resources.spark.JobGroup`); yields None inside another group, which then
         counts them. The session is not started for it: a step that needs no Spark runs none."""
@@ -516,7 +516,7 @@ class Engine:
         else:
             asked = {self.view(v).name for v in (rebuild or [])}
         needs = {n for n in names if n in asked or self.rebuild_reason(n)}
-        with self._job_group("epoch", "ivm: mint an epoch, quarantine"):
+        with self.job_group("epoch", "ivm: mint an epoch, quarantine"):
             minted = self.mint_epoch(force=bool(needs)) if mint else None
             quarantined = self.quarantine()
         chosen = set(names)
@@ -781,7 +781,7 @@ class Engine:
             IvmError: a rebuild is due but no epoch is newer than the view's (mint one).
         """
         name = self.view(name).name
-        with self._job_group(f"view {name}", f"ivm: refresh view {name}") as group:
+        with self.job_group(f"view {name}", f"ivm: refresh view {name}") as group:
             result = self._refresh_view(name, rebuild)
         if group is not None and group.jobs:
             result.spark_jobs, result.spark_job_group = group.jobs, group.id
@@ -1167,7 +1167,7 @@ class Engine:
         with self._lock:
             lock = self._arranging.setdefault(key, threading.Lock())
         with lock:  # views refreshed at once share it: one writes, the others find it done
-            with self._job_group(f"arrangement {key.name}", f"ivm: arrangement {key.name}"):
+            with self.job_group(f"arrangement {key.name}", f"ivm: arrangement {key.name}"):
                 return self._refresh_arrangement(key)
 
     def _refresh_arrangement(self, key: ArrangementKey) -> CommitResult | None:
@@ -1377,7 +1377,7 @@ class Engine:
         downstream views consume) summed up to that epoch, and its readable table; also
         count negative multiplicities in the log. Doubles are compared to 9 decimals.
         A table behind its log (a refresh stopped between the two commits) is reported."""
-        with self._job_group(f"verify {name}", f"ivm: verify view {name}"):
+        with self.job_group(f"verify {name}", f"ivm: verify view {name}"):
             return self._verify(name, examples)
 
     def _verify(self, name: str, examples: int) -> VerifyResult:

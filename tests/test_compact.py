@@ -40,8 +40,12 @@ def test_compaction_keeps_every_view_and_shrinks_the_tables(spark, make_project,
     assert kinds == {"arrangement", "log", "state", "table"}, kinds
     assert {since for kind, since in before.values() if kind != "table"} == {3}
 
+    tracker = spark.sparkContext.statusTracker()
+    ungrouped = set(tracker.getJobIdsForGroup())
     code = main(["--project", str(engine.project.root), "compact", "--json", "--hours", "0"])
     assert code == 0
+    # Its Spark jobs run in one job group per table (the Spark UI names the table).
+    assert set(tracker.getJobIdsForGroup()) <= ungrouped
     report = json.loads(capsys.readouterr().out)
     by_kind: dict[str, list[dict]] = {}
     for t in report["tables"]:
