@@ -18,6 +18,7 @@ from ivm.engine import REFRESH_SECONDS, Engine
 from ivm.errors import ChangeFeedError, SqlError
 from ivm.oracle import compare_views, log_multiset, table_multiset
 from resources.lake import commit_files, last_commit_metadata, open_table
+from resources.spark import JobGroup
 
 pytestmark = pytest.mark.spark
 
@@ -562,15 +563,15 @@ def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
 
 
 def _jobs_run_by(spark, block) -> int:
-    """How many Spark jobs ``block()`` ran (job ids are numbered in order): two probe jobs in
-    a group of their own bracket it."""
-    sc = spark.sparkContext
+    """How many Spark jobs ``block()`` ran (job ids are numbered in order): two probe jobs,
+    each in a group of its own (closed: the thread's job properties are restored), bracket it."""
     ids = []
     for _ in range(2):
-        sc.setJobGroup("test-probe", "test probe")
+        probe = JobGroup("test probe", "test probe")
+        probe.open(spark)
         spark.range(1).collect()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        ids.append(max(sc.statusTracker().getJobIdsForGroup("test-probe")))
+        probe.close(spark)
+        ids.append(max(spark.sparkContext.statusTracker().getJobIdsForGroup(probe.id)))
         if len(ids) == 1:
             block()
     return ids[1] - ids[0] - 1
