@@ -81,6 +81,9 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.parquet.compression.codec": "zstd",
+        # zstd level 1 (Parquet's default is 3): files within 3% of the size, written 13%
+        # faster (SF1 lineitem's arrangement, 6M rows: 6.9-7.2s -> 6.1s, alternated runs).
+        "spark.hadoop.parquet.compression.codec.zstd.level": "1",
         "spark.sql.files.maxRecordsPerFile": "2000000",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.hadoop.parquet.enable.summary-metadata": "false",
