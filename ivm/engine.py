@@ -1057,7 +1057,10 @@ class Engine:
         """The view's updates in ``(done, target]``, consolidated per (data, time).
 
         From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
-        by delta paths whose lookups read the shared arrangements (refreshed first).
+        by delta paths whose lookups read the shared arrangements (refreshed first). From
+        scratch, the updates are the view's rows, each ``+1`` at ``target``, equal rows not
+        summed: summing them would only merge duplicates, at the price of shuffling the whole
+        view (readers sum what they read; see :meth:`_net_change`).
         """
         from functools import partial
 
@@ -1083,7 +1086,8 @@ class Engine:
                 snapshot=lambda coll, at: self._collection_updates(coll, 0, at),
             )
         stateful = partial(render_stateful, store=store)
-        return consolidate(render(plan.root, inputs, delta_join, stateful), plan.columns)
+        updates = render(plan.root, inputs, delta_join, stateful)
+        return updates if done == 0 else consolidate(updates, plan.columns)
 
     def state_uri(self, view: str, table: str) -> str:
         """Where a view's state table lives: ``state/<view>/<table>``."""
@@ -1332,16 +1336,24 @@ class Engine:
 
     def _net_change(self, plan: ViewPlan, table_done: int, target: int):
         """The net change ``(columns..., _diff)`` the readable table needs, from the log, and
-        the log files read (with their ``_time`` and ``_diff`` statistics)."""
-        from ops import DIFF
+        the log files read (with their ``_time`` and ``_diff`` statistics).
+
+        The log's updates are summed per data unless they need not be: positive diffs only
+        (each row is then written ``_diff`` times, whether or not equal rows were summed), or
+        one incremental epoch's updates (consolidated when written; the epoch the log starts
+        at holds a computation from scratch, whose equal rows are not summed).
+        """
+        from ops import DIFF, TIME
         from ops.consolidate import consolidate
-        from ops.ingest import single_time, view_changes
+        from ops.ingest import insertions_only, single_time, view_changes
 
         log_uri = self.layout.view_log(plan.name)
         df, files = view_changes(
             self.spark, log_uri, self.table_schema(log_uri), table_done, target
         )
-        if single_time(files):  # one epoch's updates: already consolidated
+        if insertions_only(files) or (
+            single_time(files) and files[0].mins[TIME] > self._log_start(log_uri)
+        ):
             return df.select(*[f"`{c}`" for c in plan.columns], DIFF), files
         return consolidate(df, plan.columns, by_time=False), files
 

@@ -251,7 +251,8 @@ def log_files_between(log_uri: str, lo: int, hi: int) -> list[DataFile]:
 
 def single_time(files: Sequence[FileStats]) -> bool:
     """Whether diff-log files hold, by their statistics, one and the same time. The log is
-    consolidated per ``(data, time)``, so their updates are then consolidated per data."""
+    consolidated per ``(data, time)`` after the epoch it starts at, so such an epoch's
+    updates are then consolidated per data."""
     times = set()
     for fs in files:
         tmin, tmax = fs.mins.get(TIME), fs.maxs.get(TIME)

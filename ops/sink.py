@@ -8,7 +8,8 @@ Delta transaction carrying ``txn(app_id, epoch)``, checked first, so a rerun is 
 Contracts in ``(data, time, diff)`` terms:
 
 - :func:`append_updates`: the log afterwards holds its previous updates plus ``updates``
-  (consolidated per ``(data, time)``), exactly once per epoch.
+  (consolidated per ``(data, time)``, except a computation from scratch: positive diffs,
+  equal rows not always summed), exactly once per epoch.
 - :func:`apply_to_table`: the readable table holds the multiset ``data -> sum of diffs``:
   a row of multiplicity ``n`` appears ``n`` times. A change inserts rows by appending files and
   deletes rows by rewriting only the files that may hold them (min/max statistics prune the
@@ -103,7 +104,8 @@ def append_updates(
     description: str = "ivm diff log: the view's updates (columns..., _time, _diff)",
     parquet_options: Mapping[str, object] | None = None,
 ) -> CommitResult:
-    """Write consolidated updates as new files of an update log and commit them once.
+    """Write updates (consolidated, or a snapshot's) as new files of an update log and commit
+    them once.
 
     Used for views' diff logs and for arrangements (which pass their sort order and Parquet
     page settings). ``overwrite`` replaces the log's whole history (and schema) by these
