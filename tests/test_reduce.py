@@ -476,3 +476,25 @@ def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_ag
     assert not scan_only(spark.createDataFrame(pa.table({"id": [1], "g": [2]})))
     assert not scan_only(files.groupBy("g").count())
     assert not scan_only(files.join(files.select("g"), "g"))
+
+
+@pytest.mark.parametrize(
+    "column_type", ["decimal(15,2)", "decimal(20,10)", "decimal(38,18)", "bigint", "double"]
+)
+def test_a_sum_weighs_values_by_diff_as_the_product_does(spark, column_type):
+    """Sums weigh each value by its ``_diff`` without multiplying when the diff is 1 or -1;
+    every diff gives the product's value and type (state written before keeps its type)."""
+    from pyspark.sql import functions as F
+
+    from ops.reduce import _sum_type, _times_diff
+
+    df = spark.createDataFrame(
+        [(v, d) for v in ("1.1234567891", "-7.25", "0", None) for d in (1, -1, 2, -3, 0)],
+        "v string, _diff bigint",
+    ).select(F.col("v").cast("decimal(20,10)").cast(column_type).alias("x"), "_diff")
+    st = _sum_type(df.schema["x"].dataType, "SUM")
+    x = F.col("x").cast(st)
+    out = df.select((x * F.col("_diff")).alias("product"), _times_diff(x).alias("weighed"))
+    assert out.schema["weighed"].dataType == out.schema["product"].dataType
+    pairs = [(r.product, r.weighed) for r in out.collect()]
+    assert len(pairs) == 20 and all(p == w for p, w in pairs), pairs
