@@ -209,9 +209,15 @@ class ViewStatus:
 
 
 def _state_layout(plan: ViewPlan) -> str:
-    """The names and sort keys of a view's state tables, as its commits record them: state
-    laid out another way (another planner's) cannot be continued."""
-    return json.dumps({t.name: list(t.key) for t in state_tables(plan.root)}, sort_keys=True)
+    """The names, sort keys and formats (after the first) of a view's state tables, as its
+    commits record them: state laid out another way (another planner's) cannot be continued."""
+    return json.dumps(
+        {
+            t.name: [*t.key, *([f"format {t.format}"] if t.format > 1 else [])]
+            for t in state_tables(plan.root)
+        },
+        sort_keys=True,
+    )
 
 
 def costliest_first(

@@ -42,6 +42,7 @@ from ivm.plan.ir import Aggregate, Node, Reduce, SetOp, TopK
 from ivm.plan.reduce import (
     FANOUT_BITS,
     GLOBAL_KEY,
+    SUMMED,
     Branch,
     StateTable,
     branches,
@@ -203,9 +204,9 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
         func = a.func
         if func == "count":
             results.append(lambda nn=nn: _c(nn))
-        elif func in ("sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"):
+        elif func in SUMMED:
             st = _sum_type(dt, func.upper())
-            total = add(f"_sum_{a.arg}", F.coalesce(_times_diff(x.cast(st)), F.lit(0).cast(st)))
+            total = add(f"_sum_{a.arg}", F.coalesce(_times_diff(x, dt, st), F.lit(0).cast(st)))
             if func == "sum":
                 results.append(lambda nn=nn, total=total, dt=dt: _sum_result(nn, total, dt))
             elif func == "avg":
@@ -215,7 +216,8 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
                 sq = add(
                     f"_sq_{a.arg}",
                     F.coalesce(
-                        _times_diff((x.cast(sq_t) * x.cast(sq_t)).cast(sq_t)), F.lit(0).cast(sq_t)
+                        _times_diff((x.cast(sq_t) * x.cast(sq_t)).cast(sq_t), sq_t, sq_t),
+                        F.lit(0).cast(sq_t),
                     ),
                 )
                 results.append(
@@ -236,13 +238,33 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
     return _Accumulator(contributions, state, results, [a.name for a in aggregates])
 
 
-def _times_diff(x: Column) -> Column:
-    """``x * _diff``, without multiplying when ``_diff`` is 1 or -1 (a build's diffs, and
-    almost every change's): Spark multiplies decimals as ``java.math.BigDecimal`` objects, so
-    the product cost more than the sum (SF1 ``pricing_summary``'s build: five decimal sums over
-    6M rows). The type is the product's (CASE WHEN widens to it), so state is unchanged."""
+def _times_diff(x: Column, dt: T.DataType, st: T.DataType) -> Column:
+    """``x * _diff`` as a sum's contribution of type ``st``; ``dt`` is ``x``'s type.
+
+    Exact for decimals: Spark types ``decimal(38, s) * bigint`` as ``decimal(38, 6)`` when
+    ``s`` > 6, rounding every value to 6 decimals (a SUM over ``decimal(20, 10)`` was off in
+    its 7th decimal). So a diff of 1 or -1 is not multiplied at all, and any other diff
+    multiplies ``x`` in its own precision ``p`` with the diff as a decimal of ``37 - p``
+    digits at most, which keeps the product within 38 digits: any diff when ``p`` <= 18.
+    A larger diff (a row repeated more than ``10^(37-p)`` times at once) gets Spark's
+    product. Not multiplying is also faster: Spark multiplies decimals as
+    ``java.math.BigDecimal`` objects (SF1 ``pricing_summary``'s build: five decimal sums
+    over 6M rows)."""
     diff = _c(DIFF)
-    return F.when(diff == 1, x).when(diff == -1, -x).otherwise(x * diff)
+    weighed = x.cast(st)
+    product = weighed * diff
+    if isinstance(dt, T.DecimalType):
+        product = product.cast(st)
+        digits = min(19, 37 - dt.precision)  # bigint's range fits in 19 digits
+        if digits >= 1:
+            exact = (x * diff.cast(T.DecimalType(digits, 0))).cast(st)
+            bound = 10**digits - 1
+            product = (
+                exact
+                if digits == 19
+                else F.when(diff.between(-bound, bound), exact).otherwise(product)
+            )
+    return F.when(diff == 1, weighed).when(diff == -1, -weighed).otherwise(product)
 
 
 def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:

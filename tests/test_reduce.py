@@ -479,22 +479,119 @@ def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_ag
 
 
 @pytest.mark.parametrize(
-    "column_type", ["decimal(15,2)", "decimal(20,10)", "decimal(38,18)", "bigint", "double"]
+    "column_type",
+    ["decimal(15,2)", "decimal(20,10)", "decimal(30,12)", "decimal(38,18)", "bigint", "double"],
 )
-def test_a_sum_weighs_values_by_diff_as_the_product_does(spark, column_type):
-    """Sums weigh each value by its ``_diff`` without multiplying when the diff is 1 or -1;
-    every diff gives the product's value and type (state written before keeps its type)."""
+def test_a_sum_weighs_values_by_diff_exactly(spark, column_type):
+    """A sum's contribution ``x * _diff`` is exact, in the sum's type, where Spark's own
+    product rounds ``decimal(38, s)`` to 6 decimals; only a diff with more digits than the
+    value's precision leaves room for (a row repeated millions of times at once) gets
+    Spark's product. Where Spark's product was exact the type is the product's, so state
+    written before keeps its type."""
+    from decimal import Decimal, localcontext
+
     from pyspark.sql import functions as F
 
     from ops.reduce import _sum_type, _times_diff
 
+    values = ("1.1234567891", "-7.25", "0", None)
+    diffs = (1, -1, 2, -3, 0, 1234567, -98765432109)
     df = spark.createDataFrame(
-        [(v, d) for v in ("1.1234567891", "-7.25", "0", None) for d in (1, -1, 2, -3, 0)],
-        "v string, _diff bigint",
+        [(v, d) for v in values for d in diffs], "v string, _diff bigint"
     ).select(F.col("v").cast("decimal(20,10)").cast(column_type).alias("x"), "_diff")
-    st = _sum_type(df.schema["x"].dataType, "SUM")
-    x = F.col("x").cast(st)
-    out = df.select((x * F.col("_diff")).alias("product"), _times_diff(x).alias("weighed"))
-    assert out.schema["weighed"].dataType == out.schema["product"].dataType
-    pairs = [(r.product, r.weighed) for r in out.collect()]
-    assert len(pairs) == 20 and all(p == w for p, w in pairs), pairs
+    dt = df.schema["x"].dataType
+    st = _sum_type(dt, "SUM")
+    product = F.col("x").cast(st) * F.col("_diff")
+    out = df.select("x", "_diff", product.alias("spark"), _times_diff(F.col("x"), dt, st))
+    weighed = out.schema[3].dataType
+    decimal = dt.typeName() == "decimal"
+    assert weighed == (st if decimal else out.schema["spark"].dataType)
+    if not decimal or dt.scale <= 6:
+        assert weighed == out.schema["spark"].dataType
+    rows = out.collect()
+    assert len(rows) == len(values) * len(diffs)
+    with localcontext() as context:
+        context.prec = 80  # Python's decimals: room for 38 digits times 19
+        for r in rows:
+            exact = None if r.x is None else r.x * r._diff
+            room = 37 - dt.precision if decimal else 19
+            if decimal and abs(r._diff) > 1 and len(str(abs(r._diff))) > room:
+                exact = None if r.spark is None else r.spark  # Spark's product, in the sum's type
+            if isinstance(exact, Decimal):
+                exact = exact.quantize(Decimal(1).scaleb(-st.scale))
+            assert r[3] == exact, (r.x, r._diff, r[3], exact)
+
+
+def test_sums_of_decimals_with_many_decimal_places_are_exact(spark, make_project, tmp_path):
+    """SUM and AVG over ``decimal(20, 10)`` equal DuckDB's exactly, built and refreshed, also
+    over a view whose log sums a row inserted twice in one batch into a diff of 2 (Spark's
+    own ``decimal(38, 10) * bigint`` rounds to 6 decimals)."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    def rows(*pairs: tuple[str, str]) -> pa.Table:
+        return pa.table(
+            {
+                "g": [g for g, _ in pairs],
+                "x": pa.array([Decimal(x) for _, x in pairs], pa.decimal128(20, 10)),
+            }
+        )
+
+    path = str(tmp_path / "t")
+    write_deltalake(
+        path,
+        rows(("a", "1.1234567891"), ("a", "2.0000000001"), ("b", "-0.0000000004")),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    views = {
+        "s": "CREATE VIEW s AS SELECT g, sum(x) AS sx, avg(x) AS ax FROM t GROUP BY g",
+        "u": "CREATE VIEW u AS SELECT g, x FROM t",
+        "su": "CREATE VIEW su AS SELECT g, sum(x) AS sx, avg(x) AS ax FROM u GROUP BY g",
+    }
+    engine = Engine(make_project(views, {"t": path}), spark=spark)
+    assert engine.refresh().ok
+    check_all(engine)
+    sums = {r["g"]: r["sx"] for r in engine.read_view("s").to_pylist()}
+    assert sums == {"a": Decimal("3.1234567892"), "b": Decimal("-0.0000000004")}
+    write_deltalake(path, rows(("b", "0.0000000007"), ("b", "0.0000000007")), mode="append")
+    DeltaTable(path).delete("x = 2.0000000001")
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    check_all(engine)
+    sums = {r["g"]: r["sx"] for r in engine.read_view("su").to_pylist()}
+    assert sums == {"a": Decimal("1.1234567891"), "b": Decimal("0.0000000010")}
+
+
+def test_sums_kept_in_an_older_format_are_rebuilt(spark, make_project, tmp_path, monkeypatch):
+    """State whose sums an earlier engine kept another way (format 1 rounded decimals beyond
+    6 places) is rebuilt, not continued; state without sums is continued as it is."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    import ivm.plan.reduce
+
+    path = str(tmp_path / "t")
+    write_deltalake(
+        path,
+        pa.table({"g": ["a", "b", "a"], "v": [1, 2, 3]}),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    views = {
+        "sums": "CREATE VIEW sums AS SELECT g, sum(v) AS s, count(*) AS n FROM t GROUP BY g",
+        "counts": "CREATE VIEW counts AS SELECT g, count(*) AS n FROM t GROUP BY g",
+    }
+    root = make_project(views, {"t": path})
+    with monkeypatch.context() as m:
+        m.setattr(ivm.plan.reduce, "_sums_format", lambda aggregates: 1)
+        assert Engine(root, spark=spark).refresh().ok
+    write_deltalake(path, pa.table({"g": ["b"], "v": [5]}), mode="append")
+    engine = Engine(root, spark=spark)
+    assert "state tables changed" in (engine.rebuild_reason("sums") or "")
+    assert engine.rebuild_reason("counts") is None
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    assert {v.view: v.status for v in report.views} == {"sums": "rebuilt", "counts": "refreshed"}
+    check_all(engine)
+    assert engine.rebuild_reason("sums") is None

@@ -32,7 +32,7 @@ epoch since it was built; the engine writes each epoch's change once (txn per ep
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -77,11 +77,26 @@ def tower_levels(group_size: int | None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class StateTable:
-    """A state table of a stateful node: ``state/<view>/<name>``, sorted by ``key``."""
+    """A state table of a stateful node: ``state/<view>/<name>``, sorted by ``key``.
+
+    ``format`` changes when the same table comes to hold its columns another way: a view's
+    commits record it (see ``ivm.engine``), and state of an older format is rebuilt rather
+    than continued. 2: sums of decimals keep every decimal place (format 1 rounded the
+    contributions of ``decimal(p, s)`` with ``s`` > 6 to 6 places).
+    """
 
     name: str
     key: tuple[str, ...]
     holds: str
+    format: int = 1
+
+
+SUMMED = frozenset({"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"})
+"""Accumulable aggregates whose state holds sums of their argument."""
+
+
+def _sums_format(aggregates: Sequence[Aggregate]) -> int:
+    return 2 if any(a.func in SUMMED for a in aggregates) else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +157,7 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
                 "accumulable",
                 keys,
                 tuple(plain_acc),
-                tables=(StateTable(f"{label}.accumulable", sk, holds),),
+                tables=(StateTable(f"{label}.accumulable", sk, holds, _sums_format(plain_acc)),),
             )
         )
     hier: dict[str, list[Aggregate]] = {}
@@ -201,6 +216,7 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
                         f"{label}.distinct_{column}.accumulable",
                         sk,
                         "per group: counts and sums of the distinct values",
+                        _sums_format(mine),
                     ),
                 )
             out.append(
