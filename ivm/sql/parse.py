@@ -22,7 +22,9 @@ DIALECT = "spark"
 
 _HINT = re.compile(r"^\s*--\s*ivm:\s*(.*)$", re.MULTILINE | re.IGNORECASE)
 HINTS = {
-    "expected_group_size": "the expected number of rows per group of a GROUP BY or TopK",
+    "expected_group_size": (
+        "the expected number of distinct MIN/MAX values (or TopK rows) per group: a tower's height"
+    ),
     "topk_spare": "rows a TopK keeps per group beyond its limit, against deletions",
 }
 
