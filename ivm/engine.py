@@ -883,7 +883,9 @@ class Engine:
         else:
             from ops.ingest import insertions_only
 
-            net, files = self._net_change(plan, -1 if table_stale else table_done, target)
+            net, files = self._net_change(
+                plan, -1 if table_stale else table_done, target, log_start
+            )
             result.log_files_read = len(files)
             change = apply_to_table(
                 self.spark,
@@ -1060,7 +1062,8 @@ class Engine:
         return df
 
     def _view_updates(self, plan: ViewPlan, done: int, target: int, stats=None):
-        """The view's updates in ``(done, target]``, consolidated per (data, time).
+        """The view's updates in ``(done, target]``, consolidated per (data, time) unless
+        computed from scratch.
 
         From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
         by delta paths whose lookups read the shared arrangements (refreshed first). From
@@ -1340,14 +1343,14 @@ class Engine:
         stats.setdefault(str(stage.arrangement), LookupStats()).add(st)
         return df
 
-    def _net_change(self, plan: ViewPlan, table_done: int, target: int):
+    def _net_change(self, plan: ViewPlan, table_done: int, target: int, log_start: int):
         """The net change ``(columns..., _diff)`` the readable table needs, from the log, and
         the log files read (with their ``_time`` and ``_diff`` statistics).
 
         The log's updates are summed per data unless they need not be: positive diffs only
         (each row is then written ``_diff`` times, whether or not equal rows were summed), or
-        one incremental epoch's updates (consolidated when written; the epoch the log starts
-        at holds a computation from scratch, whose equal rows are not summed).
+        one incremental epoch's updates (consolidated when written; ``log_start``, the epoch
+        the log starts at, holds a computation from scratch, whose equal rows are not summed).
         """
         from ops import DIFF, TIME
         from ops.consolidate import consolidate
@@ -1357,9 +1360,7 @@ class Engine:
         df, files = view_changes(
             self.spark, log_uri, self.table_schema(log_uri), table_done, target
         )
-        if insertions_only(files) or (
-            single_time(files) and files[0].mins[TIME] > self._log_start(log_uri)
-        ):
+        if insertions_only(files) or (single_time(files) and files[0].mins[TIME] > log_start):
             return df.select(*[f"`{c}`" for c in plan.columns], DIFF), files
         return consolidate(df, plan.columns, by_time=False), files
 
