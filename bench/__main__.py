@@ -126,12 +126,15 @@ def storage_totals(rows: list[dict]) -> dict[str, tuple[int, int]]:
 def spark_full_recompute(engine, out: Path, views: list[str] | None = None) -> tuple[float, int]:
     """Every view's SQL (or ``views``') from scratch with Spark at the latest epoch, written as
     Parquet: the seconds it took and the Spark jobs it ran."""
-    from resources.spark import RUNTIME_BLOOM_FILTER, JobGroup
+    from resources.spark import OPTIMIZER_EXCLUDED_RULES, RUNTIME_BLOOM_FILTER, JobGroup
 
     epoch = engine.latest_epoch()
     conf = engine.spark.conf
-    ours = conf.get(RUNTIME_BLOOM_FILTER)
-    conf.unset(RUNTIME_BLOOM_FILTER)  # Spark's own default: runtime Bloom filters may help it
+    # Spark's own defaults for the optimizer settings the engine changes for small changes:
+    # runtime Bloom filters may help a full recompute.
+    ours = {key: conf.get(key, None) for key in (RUNTIME_BLOOM_FILTER, OPTIMIZER_EXCLUDED_RULES)}
+    for key in ours:
+        conf.unset(key)
     jobs = JobGroup("bench full recompute", "bench: every view's SQL from scratch")
     jobs.open(engine.spark)
     try:
@@ -141,7 +144,9 @@ def spark_full_recompute(engine, out: Path, views: list[str] | None = None) -> t
         seconds = time.perf_counter() - started
     finally:
         jobs.close(engine.spark)
-        conf.set(RUNTIME_BLOOM_FILTER, ours)
+        for key, value in ours.items():
+            if value is not None:
+                conf.set(key, value)
     return seconds, jobs.jobs
 
 
