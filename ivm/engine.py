@@ -821,7 +821,10 @@ class Engine:
         if log_done < target:
             t0 = time.perf_counter()
             overwrite = False
-            quiet = not reason and log_done > 0 and self._inputs_unchanged(plan, log_done, target)
+            unchanged: frozenset[str] = frozenset()
+            if not reason and log_done > 0:
+                unchanged = self._unchanged_inputs(plan, log_done, target)
+            quiet = not reason and log_done > 0 and unchanged >= set(plan.inputs)
             recompute = None
             if not reason and not quiet and log_done > 0:
                 recompute = self._recompute_reason(plan, log_done, target)
@@ -837,7 +840,7 @@ class Engine:
                 result.inputs_changed = False
             else:
                 lookups: dict = {}
-                updates = self._view_updates(plan, log_done, target, lookups)
+                updates = self._view_updates(plan, log_done, target, lookups, unchanged)
                 result.lookups = lookups
                 result.status = "built" if log_done == 0 else "refreshed"
             if overwrite or log_done == 0:
@@ -912,20 +915,46 @@ class Engine:
         )
         return result
 
-    def _inputs_unchanged(self, plan: ViewPlan, done: int, target: int) -> bool:
-        """Whether nothing a view reads changed in ``(done, target]``: no source it reads moved
-        to a new version, and no view it reads logged an update (known without Spark)."""
-        from ops.ingest import log_files_between
+    def _unchanged_inputs(self, plan: ViewPlan, done: int, target: int) -> frozenset[str]:
+        """The collections a view reads whose updates in ``(done, target]`` change nothing it
+        sees, known on the driver without Spark: a source that kept its version, or whose
+        change feed only rewrote columns the view does not read (nor its contract checks) or
+        undid itself; a view that logged no update. A delta join skips their paths; a view
+        all of whose inputs are here only moves its epoch."""
+        from ops.ingest import log_files_between, source_change_cancels
 
         epochs = self._epoch_map()
+        out = set()
         for source in plan.source_inputs:
+            columns = self._columns_read(plan, source)
             for e in range(done + 1, target + 1):
                 rng = epochs[e].ranges.get(source) if e in epochs else None
-                if rng is None or rng[0] is None or rng[0] != rng[1]:
-                    return False
-        return not any(
-            log_files_between(self.layout.view_log(v), done, target) for v in plan.view_inputs
+                if rng is None or rng[0] is None or source not in self.sources:
+                    break
+                if rng[0] != rng[1] and not source_change_cancels(
+                    self.spark, self.sources[source], rng[0], rng[1], e, columns
+                ):
+                    break
+            else:
+                out.add(source)
+        out.update(
+            v
+            for v in plan.view_inputs
+            if not log_files_between(self.layout.view_log(v), done, target)
         )
+        return frozenset(out)
+
+    def _columns_read(self, plan: ViewPlan, source: str) -> tuple[str, ...]:
+        """The source's columns a view reads (after demand analysis), and those its contract's
+        row check reads: an update that keeps them all keeps what the view sees."""
+        from ivm.plan.ir import referenced_columns
+
+        columns = {c for g in plan.gets if g.collection == source for c in g.columns}
+        contract = self._contract(source)
+        check = None if contract is None else contract.predicate()
+        if check is not None:
+            columns |= {c.lower() for c in referenced_columns(check)}
+        return tuple(sorted(columns))
 
     def input_change(self, plan: ViewPlan, done: int, target: int) -> tuple[int, int]:
         """How many updates a view's inputs give in ``(done, target]``, and how many rows they
@@ -1061,9 +1090,17 @@ class Engine:
             df = df.unionByName(p)
         return df
 
-    def _view_updates(self, plan: ViewPlan, done: int, target: int, stats=None):
+    def _view_updates(
+        self,
+        plan: ViewPlan,
+        done: int,
+        target: int,
+        stats=None,
+        unchanged: frozenset[str] = frozenset(),
+    ):
         """The view's updates in ``(done, target]``, consolidated per (data, time) unless
-        computed from scratch.
+        computed from scratch. Joins skip the delta paths of the ``unchanged`` inputs (see
+        :meth:`_unchanged_inputs`).
 
         From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
         by delta paths whose lookups read the shared arrangements (refreshed first). From
@@ -1093,6 +1130,7 @@ class Engine:
                 new=target,
                 store=store,
                 snapshot=lambda coll, at: self._collection_updates(coll, 0, at),
+                unchanged=unchanged,
             )
         stateful = partial(render_stateful, store=store)
         updates = render(plan.root, inputs, delta_join, stateful)

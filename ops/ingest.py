@@ -19,10 +19,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -126,21 +127,63 @@ def source_snapshot_in_order(
     return reduce(DataFrame.unionByName, parts)
 
 
+# A change feed up to this size stays on the driver for the refresh (besides its copy in
+# Spark), so each view can ask whether the change touches the columns it reads.
+KEEP_FEED_BYTES = 64 * 1024 * 1024
+
+
 @dataclass
 class _Changes:
     """A source's updates for one version range: their number, known on the driver (the change
     feed's rows, or the appended files' or the snapshot's row counts from the log), and the
-    DataFrame, made on first demand (deciding to recompute needs only the number)."""
+    DataFrame, made on first demand (deciding to recompute needs only the number).
+
+    ``feed`` is the change feed itself (column names lower-cased) when it is small enough to
+    keep (:data:`KEEP_FEED_BYTES`): :meth:`cancels_on` answers from it without Spark."""
 
     rows: int
     make: Callable[[], DataFrame] | None
     df: DataFrame | None = None
+    feed: pa.Table | None = None
+    _cancels: dict[tuple[str, ...], bool] = field(default_factory=dict)
 
     def frame(self) -> DataFrame:
         if self.df is None:
             assert self.make is not None
             self.df, self.make = self.make(), None  # drop the driver's copy once in Spark
         return self.df
+
+    def cancels_on(self, columns: Sequence[str]) -> bool:
+        """Whether these updates sum to nothing once projected on ``columns``: every update
+        rewrote other columns only, or undid another (False when not known on the driver)."""
+        if self.rows == 0:
+            return True
+        if self.feed is None:
+            return False
+        key = tuple(sorted(columns))
+        if key not in self._cancels:
+            self._cancels[key] = cancels_on(self.feed, key)
+        return self._cancels[key]
+
+
+def cancels_on(updates: pa.Table, columns: Sequence[str]) -> bool:
+    """Whether ``updates`` (``columns..., _diff``) consolidate to nothing on ``columns``:
+    summed per distinct projected row (NULLs equal, as in grouping), every ``_diff`` is 0.
+    Columns Arrow cannot group by (nested types) answer False: not known, not empty."""
+    if updates.num_rows == 0:
+        return True
+    if pc.sum(updates.column(DIFF)).as_py() != 0:
+        return False
+    try:
+        sums = (
+            updates.select([*columns, DIFF])
+            .group_by(list(columns), use_threads=False)
+            .aggregate([(DIFF, "sum")])
+            .column(f"{DIFF}_sum")
+        )
+    except (KeyError, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False  # a column missing from the feed, or one Arrow cannot group by
+    return not pc.any(pc.not_equal(sums, 0)).as_py()
 
 
 def source_changes(
@@ -184,7 +227,10 @@ def source_changes(
             ),
         )
     changes = source.changes(lower, upper).drop_columns(["_commit_version"])
-    return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)))
+    feed = None
+    if changes.nbytes <= KEEP_FEED_BYTES:
+        feed = changes.rename_columns([c.lower() for c in changes.column_names])
+    return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)), feed=feed)
 
 
 def source_rows(source: SourceTable, version: int) -> int:
@@ -219,6 +265,22 @@ def source_change_rows(
     them); hands nothing to Spark."""
     with _MEMO_LOCK:
         return _changes_memo(spark, source, lower, upper, epoch).rows
+
+
+def source_change_cancels(
+    spark: SparkSession,
+    source: SourceTable,
+    lower: int | None,
+    upper: int,
+    epoch: int,
+    columns: Sequence[str],
+) -> bool:
+    """Whether the updates :func:`source_changes_once` gives sum to nothing on ``columns``
+    (a view reading only those columns sees no change), decided on the driver: True for an
+    empty range or a change feed whose updates rewrote other columns only; False when not
+    known there (appended files, a snapshot, a feed too large to keep)."""
+    with _MEMO_LOCK:
+        return _changes_memo(spark, source, lower, upper, epoch).cancels_on(columns)
 
 
 def _changes_memo(

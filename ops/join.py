@@ -140,11 +140,14 @@ def render_join_delta(
     new: int,
     store: StateStore | None = None,
     snapshot: Callable[[str, int], DataFrame] | None = None,
+    unchanged: Collection[str] = (),
 ) -> DataFrame:
     """The join's updates in ``(old, new]`` by one delta path per input (see module doc).
 
     ``old`` 0 (a build: ``deltas`` are the inputs' snapshots) joins from scratch. ``store``
-    and ``snapshot`` serve ``NOT IN`` (:func:`render_not_in`).
+    and ``snapshot`` serve ``NOT IN`` (:func:`render_not_in`). The paths of inputs whose
+    collection is in ``unchanged`` are not run: their change sums to nothing on the columns
+    the input reads, so their terms do too (no lookup, no Spark job).
     """
     if isinstance(join, SemiJoin) and join.null_aware:
         if store is None or snapshot is None:
@@ -162,6 +165,9 @@ def render_join_delta(
         )
         return changes.unionByName(anti.withColumn(DIFF, -F.col(DIFF)))
     paths = plan_paths(join)
+    paths = tuple(p for p in paths if join.inputs[p.source].get.collection not in unchanged)
+    if not paths:  # every input's change is nothing: the join's is empty (shaped as a build's)
+        return render_join_snapshot(join, {c: d.limit(0) for c, d in deltas.items()})
     streams = []
     for path in paths:
         inp = join.inputs[path.source]

@@ -149,6 +149,25 @@ def test_rows_breaking_the_contract_are_quarantined_and_never_counted(project, s
     assert Engine(project, spark=spark).refresh().quarantined == []  # nothing new: no rows
 
 
+@pytest.mark.spark
+def test_a_change_to_a_column_only_the_contract_reads_still_reaches_the_views(
+    project, spark
+) -> None:
+    engine = Engine(project, spark=spark)
+    assert engine.refresh().ok
+    # `by_status` reads o_status and o_price; the contract also checks o_note's length, so
+    # a row whose note grows too long leaves the view.
+    DeltaTable(engine.project.sources["orders"]).update(
+        {"o_note": "'far too long'"}, predicate="o_orderkey = 1"
+    )
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    by_view = {v.view: v for v in report.views}
+    assert by_view["by_status"].inputs_changed and by_view["by_status"].rows_changed == 1
+    assert engine.read_view("by_status").to_pylist() == []
+    assert_matches_valid_rows(engine)
+
+
 def assert_matches_valid_rows(engine: Engine) -> None:
     for c in compare_views(engine):
         assert c.equal, c.describe()

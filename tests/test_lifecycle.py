@@ -363,6 +363,44 @@ def test_views_whose_inputs_did_not_change_only_move_their_epoch(
     assert_correct(engine)
 
 
+def test_a_change_to_columns_a_view_does_not_read_costs_it_nothing(
+    spark, make_project, src, tmp_path
+):
+    other = str(tmp_path / "other")
+    write_deltalake(
+        other, rows((1, "x", 5), (3, "y", 6)), configuration={"delta.enableChangeDataFeed": "true"}
+    )
+    views = {
+        "keys": "CREATE VIEW keys AS SELECT k, grp FROM src WHERE k > 1",
+        "vals": "CREATE VIEW vals AS SELECT k, v FROM src",
+        "pairs": "CREATE VIEW pairs AS SELECT s.k, s.grp, o.v FROM src s JOIN other o ON o.k = s.k",
+    }
+    engine = Engine(make_project(views, {"src": src, "other": other}), spark=spark)
+    assert engine.refresh().ok
+    # `src` changes only in `v` (an update, and a row deleted and inserted again); `other`
+    # changes in a column `pairs` reads.
+    DeltaTable(src).update({"v": "v + 1"}, predicate="k = 3")
+    DeltaTable(src).delete("k = 1")
+    write_deltalake(src, rows((1, "a", 10)), mode="append")
+    DeltaTable(other).update({"v": "v * 10"}, predicate="k = 3")
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    by_view = {v.view: v for v in report.views}
+    assert not by_view["keys"].inputs_changed and by_view["keys"].spark_jobs == 0
+    assert by_view["vals"].inputs_changed and by_view["vals"].rows_changed == 4
+    # `pairs` runs only the path of `other`'s change: it looks `src` up, never `other`.
+    assert set(by_view["pairs"].lookups) == {"src[k]"}, by_view["pairs"].lookups
+    assert by_view["pairs"].rows_changed == 4
+    assert_correct(engine)
+    # A change that reaches the columns read runs every path again.
+    DeltaTable(src).update({"grp": "'c'"}, predicate="k = 3")
+    report = engine.refresh()
+    by_view = {v.view: v for v in report.views}
+    assert report.ok and by_view["keys"].rows_changed == 4
+    assert set(by_view["pairs"].lookups) == {"other[k]"}, by_view["pairs"].lookups
+    assert_correct(engine)
+
+
 def test_a_source_created_again_at_the_same_path_is_read_afresh(spark, make_project, tmp_path):
     """A source and lake deleted and created again in the same process (as a benchmark or a
     long-lived code location may do) have the same version and epoch numbers as before but
