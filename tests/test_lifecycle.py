@@ -29,15 +29,17 @@ def rows(*triples) -> pa.Table:
     return pa.Table.from_pylist([dict(zip(T.names, t, strict=True)) for t in triples], schema=T)
 
 
+def cdf_source(path: Path, data: pa.Table) -> str:
+    """A Delta source at ``path`` holding ``data``, with its Change Data Feed on."""
+    write_deltalake(str(path), data, configuration={"delta.enableChangeDataFeed": "true"})
+    return str(path)
+
+
 @pytest.fixture
 def src(tmp_path: Path) -> str:
-    path = str(tmp_path / "src")
-    write_deltalake(
-        path,
-        rows((1, "a", 10), (2, "a", 20), (3, "b", 30), (3, "b", 30)),
-        configuration={"delta.enableChangeDataFeed": "true"},
+    return cdf_source(
+        tmp_path / "src", rows((1, "a", 10), (2, "a", 20), (3, "b", 30), (3, "b", 30))
     )
-    return path
 
 
 VIEWS = {
@@ -324,10 +326,7 @@ def test_a_column_changing_type_rebuilds_the_views_that_read_it(spark, make_proj
 def test_views_whose_inputs_did_not_change_only_move_their_epoch(
     spark, make_project, src, tmp_path
 ):
-    other = str(tmp_path / "other")
-    write_deltalake(
-        other, rows((1, "x", 5), (2, "y", 6)), configuration={"delta.enableChangeDataFeed": "true"}
-    )
+    other = cdf_source(tmp_path / "other", rows((1, "x", 5), (2, "y", 6)))
     views = {
         **VIEWS,
         "other_rows": "CREATE VIEW other_rows AS SELECT k, v FROM other",
@@ -366,10 +365,7 @@ def test_views_whose_inputs_did_not_change_only_move_their_epoch(
 def test_a_change_to_columns_a_view_does_not_read_costs_it_nothing(
     spark, make_project, src, tmp_path
 ):
-    other = str(tmp_path / "other")
-    write_deltalake(
-        other, rows((1, "x", 5), (3, "y", 6)), configuration={"delta.enableChangeDataFeed": "true"}
-    )
+    other = cdf_source(tmp_path / "other", rows((1, "x", 5), (3, "y", 6)))
     views = {
         "keys": "CREATE VIEW keys AS SELECT k, grp FROM src WHERE k > 1",
         "vals": "CREATE VIEW vals AS SELECT k, v FROM src",
