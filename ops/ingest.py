@@ -150,7 +150,8 @@ class _Changes:
     def frame(self) -> DataFrame:
         if self.df is None:
             assert self.make is not None
-            self.df, self.make = self.make(), None  # drop the driver's copy once in Spark
+            # Once in Spark, the driver keeps no copy (but ``feed``, if small enough).
+            self.df, self.make = self.make(), None
         return self.df
 
     def cancels_on(self, columns: Sequence[str]) -> bool:

@@ -370,6 +370,8 @@ def test_a_change_to_columns_a_view_does_not_read_costs_it_nothing(
         "keys": "CREATE VIEW keys AS SELECT k, grp FROM src WHERE k > 1",
         "vals": "CREATE VIEW vals AS SELECT k, v FROM src",
         "pairs": "CREATE VIEW pairs AS SELECT s.k, s.grp, o.v FROM src s JOIN other o ON o.k = s.k",
+        "mixed": "CREATE VIEW mixed AS SELECT a.k, a.grp FROM other a JOIN other b ON b.k = a.k "
+        "UNION ALL SELECT k, grp FROM src",
     }
     engine = Engine(make_project(views, {"src": src, "other": other}), spark=spark)
     assert engine.refresh().ok
@@ -383,17 +385,20 @@ def test_a_change_to_columns_a_view_does_not_read_costs_it_nothing(
     assert report.ok, [v.error for v in report.views]
     by_view = {v.view: v for v in report.views}
     assert not by_view["keys"].inputs_changed and by_view["keys"].spark_jobs == 0
+    assert not by_view["mixed"].inputs_changed and by_view["mixed"].spark_jobs == 0
     assert by_view["vals"].inputs_changed and by_view["vals"].rows_changed == 4
     # `pairs` runs only the path of `other`'s change: it looks `src` up, never `other`.
     assert set(by_view["pairs"].lookups) == {"src[k]"}, by_view["pairs"].lookups
     assert by_view["pairs"].rows_changed == 4
     assert_correct(engine)
-    # A change that reaches the columns read runs every path again.
+    # A change that reaches the columns read runs that input's path (`other` is unchanged
+    # now); a join none of whose inputs changed runs no path at all.
     DeltaTable(src).update({"grp": "'c'"}, predicate="k = 3")
     report = engine.refresh()
     by_view = {v.view: v for v in report.views}
     assert report.ok and by_view["keys"].rows_changed == 4
     assert set(by_view["pairs"].lookups) == {"other[k]"}, by_view["pairs"].lookups
+    assert by_view["mixed"].lookups == {} and by_view["mixed"].rows_changed == 4
     assert_correct(engine)
 
 
