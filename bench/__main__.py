@@ -10,8 +10,10 @@
    Spark session, the incremental refresh, Spark recomputing every view's SQL from scratch
    (result written as Parquet, as a full-refresh pipeline would) and DuckDB recomputing it
    over the same source versions (read with delta-rs);
-4. the Spark jobs each way ran (a refresh's fixed cost is mostly its jobs' latency); rows in
-   the arrangement and state files each refresh opened; stored bytes against the raw
+4. the Spark jobs each way ran (a refresh's fixed cost is mostly its jobs' latency); the rows
+   each way's Parquet scans returned (Spark's scan metrics, :mod:`bench.scans`: the refresh's
+   by part of the lake, against the full recompute's) and the rows in the arrangement and
+   state files each refresh opened; stored bytes against the raw
    Parquet bytes of the same columns, before and after ``ivm compact``; at SF1 (else the
    largest scale), the latency from a source commit to all views committed through the
    Dagster sensor.
@@ -65,6 +67,8 @@ class Point:
     recomputed: int = 0  # sweep: views the rule recomputed
     spark_jobs: int = 0  # Spark jobs the incremental refresh ran (summed over the views)
     full_jobs: int = 0  # Spark jobs of the Spark full recompute
+    read: dict[str, int] = field(default_factory=dict)  # incremental: rows scanned per area
+    full_read: int = 0  # rows the Spark full recompute scanned
 
 
 @dataclass
@@ -213,12 +217,14 @@ def run_scale(
     seed0: int = 1,
     sensor: bool = False,
 ) -> ScaleResult:
+    from bench.scans import ScanRows
     from demo.tpch import apply_change_batch
     from ivm.compact import compact, storage_report
     from ivm.engine import Engine
 
     work, sources, config = setup(scale)
     engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
+    scans = ScanRows(spark, engine.layout.root)
     started = time.perf_counter()
     report = engine.refresh()
     build = time.perf_counter() - started
@@ -228,21 +234,27 @@ def run_scale(
     result = ScaleResult(scale, build, change)
     for run in range(runs):
         summary = apply_change_batch(sources, change, seed=seed0 + run)
+        scans.mark()
         started = time.perf_counter()
         report = engine.refresh()
         inc = time.perf_counter() - started
         if not report.ok:
             raise SystemExit(f"refresh failed: {[v.error for v in report.views if v.error]}")
+        read = scans.rows()
+        scans.mark()
         full, full_jobs = spark_full_recompute(engine, work / "full")
+        full_read = sum(scans.rows().values())
         duck = duckdb_full_recompute(engine)
         opened, total = _lookup_rows(report)
         jobs = sum(v.spark_jobs for v in report.views)
         point = Point(scale, change, inc, full, duck, opened, total, str(summary))
         point.spark_jobs, point.full_jobs = jobs, full_jobs
+        point.read, point.full_read = dict(read), full_read
         result.points.append(point)
         say(
-            f"    run {run + 1}: incremental {inc:.1f}s ({jobs} Spark jobs) | Spark full "
-            f"{full:.1f}s ({full_jobs} jobs) | DuckDB full {duck:.1f}s | rows in opened state "
+            f"    run {run + 1}: incremental {inc:.1f}s ({jobs} Spark jobs, "
+            f"{sum(read.values()):,} rows scanned) | Spark full {full:.1f}s ({full_jobs} jobs, "
+            f"{full_read:,} rows scanned) | DuckDB full {duck:.1f}s | rows in opened state "
             f"files {opened:,} of {total:,}"
         )
     result.checked = check_views(engine, f"SF {scale:g} after {runs} batches")
@@ -380,8 +392,9 @@ def write_markdown(
         + ".",
         "",
         "| SF | initial build | incremental | Spark full | DuckDB full | Spark full / incremental "
-        "| Spark jobs: incremental / full | rows in opened state files |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| Spark jobs: incremental / full | rows scanned: incremental / full "
+        "| rows in opened state files |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         inc, full, duck = r.median("incremental"), r.median("spark_full"), r.median("duckdb_full")
@@ -389,9 +402,12 @@ def write_markdown(
         total = statistics.median(p.rows_total for p in r.points)
         jobs = statistics.median(p.spark_jobs for p in r.points)
         full_jobs = statistics.median(p.full_jobs for p in r.points)
+        scanned = statistics.median(sum(p.read.values()) for p in r.points)
+        full_scanned = statistics.median(p.full_read for p in r.points)
         lines.append(
             f"| {r.scale:g} | {r.build:.1f} | {inc:.1f} | {full:.1f} | {duck:.1f} | "
-            f"{full / inc:.2f}x | {jobs:,.0f} / {full_jobs:,.0f} | {opened:,.0f} of {total:,.0f} |"
+            f"{full / inc:.2f}x | {jobs:,.0f} / {full_jobs:,.0f} | "
+            f"{scanned:,.0f} / {full_scanned:,.0f} | {opened:,.0f} of {total:,.0f} |"
         )
     lines += [
         "",
@@ -401,6 +417,7 @@ def write_markdown(
         + ", ".join(f"SF {r.scale:g}: {r.change:.2%} of the orders" for r in results)
         + ".",
         "",
+        *_scan_table(results),
         "Stored bytes after the runs, before and after `ivm compact` (arrangements: their bytes "
         "against the raw Parquet bytes of the same columns in their collection; views: table + "
         "diff log + state against the table; see `ivm compact`):",
@@ -458,6 +475,33 @@ def write_markdown(
     lines += ["", "![refresh time against scale factor](bench/refresh_vs_scale.png)", ""]
     lines += targets(results, swept)
     path.write_text("\n".join(lines) + "\n")
+
+
+def _scan_table(results: list[ScaleResult]) -> list[str]:
+    """Rows scanned per refresh by part of the lake (medians), against the full recompute's."""
+    from bench.scans import AREAS
+
+    lines = [
+        "Rows the Parquet scans returned (Spark's own scan metrics, after row-group and page "
+        "skipping, before filters; `bench/scans.py`), medians per refresh: the incremental "
+        "refresh by what it read (lookups in arrangements and state tables; readable tables "
+        "rewritten where a deletion may hit them; diff logs applied to the tables; sources' "
+        "appended files; change feeds come from the driver and are not scans), against Spark "
+        "recomputing every view from the sources:",
+        "",
+        "| SF | " + " | ".join(AREAS) + " | incremental | Spark full | full / incremental |",
+        "|---:|" + "---:|" * (len(AREAS) + 3),
+    ]
+    for r in results:
+        cells = [statistics.median(p.read.get(a, 0) for p in r.points) for a in AREAS]
+        inc = statistics.median(sum(p.read.values()) for p in r.points)
+        full = statistics.median(p.full_read for p in r.points)
+        lines.append(
+            f"| {r.scale:g} | "
+            + " | ".join(f"{c:,.0f}" for c in cells)
+            + f" | {inc:,.0f} | {full:,.0f} | {full / inc if inc else 0:.1f}x |"
+        )
+    return [*lines, ""]
 
 
 def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
