@@ -20,6 +20,7 @@ Contracts in ``(data, time, diff)`` terms:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -315,6 +316,31 @@ def _copies(df: DataFrame, cols: Sequence[Column], n: Column) -> DataFrame:
     )
 
 
+@dataclass
+class _Held:
+    """A rewrite's count of the deleted rows its files hold, taken in the same scan as the
+    rows it keeps (an observed metric of the write's query): for deleted row ``i`` of the
+    driver's copy, the candidate files' copies of it are ``ids.count(i)``."""
+
+    deletes: pa.Table
+    observation: Observation
+
+    def kept(self, columns: Sequence[str]) -> tuple[pa.Table | None, tuple[int, dict] | None]:
+        """The copies of deleted rows to write back (``held - deleted`` of each), and the
+        first row deleted more times than held, as ``(multiplicity, row)``."""
+        found = self.observation.get["ids"]
+        held = Counter(int(i) for i in found.split(",")) if found else Counter()
+        deleted = [-d for d in self.deletes.column(DIFF).to_pylist()]
+        repeat: list[int] = []
+        for i, d in enumerate(deleted):
+            left = held.get(i, 0) - d
+            if left < 0:
+                row = {c: self.deletes.column(c)[i].as_py() for c in columns}
+                return None, (left, row)
+            repeat += [i] * left
+        return (self.deletes.select(list(columns)).take(repeat) if repeat else None), None
+
+
 def _rows_after(
     spark: SparkSession,
     net: DataFrame,
@@ -323,7 +349,8 @@ def _rows_after(
     columns: Sequence[str],
     sizes: tuple[int, int],
     overwrite: bool,
-) -> DataFrame:
+    deletes: pa.Table | None = None,
+) -> tuple[DataFrame, _Held | None]:
     """The rows to write: the candidate files' rows minus the deleted ones, and the inserted.
 
     A candidate file's rows that no deletion names pass through in their order (a join
@@ -333,6 +360,13 @@ def _rows_after(
     inserted and kept rows go to one new file, sorted (a first build: files of
     :data:`ROWS_PER_FILE` rows, by range). A deletion of a row no candidate file holds
     leaves the written count too high: the caller compares it with what it expects.
+
+    ``deletes``, the deleted rows on the driver (a change sized there): the candidate files
+    are read once, not twice. Every row a deletion names is left out, and the scan counts
+    them per deleted row as it goes (the returned :class:`_Held`); the caller writes back the
+    ``held - deleted`` copies (none when the table's rows are distinct) and refuses a
+    negative count before committing. SF1, one refresh of the demo's views after a 0.1%
+    batch: the four rewritten tables read 2.3M rows instead of 4.7M (``bench.scans``).
     """
     inserted, deleted = sizes
     cols = [F.col(f"`{c}`") for c in columns]
@@ -342,9 +376,11 @@ def _rows_after(
         out = _copies(inserts.select(*cols, _checked(cols)), cols, F.col(DIFF))
         n_files = max(1, math.ceil(inserted / ROWS_PER_FILE))
         if columns and n_files > 1:
-            return out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols)
-        return out.coalesce(1).sortWithinPartitions(*cols) if columns else out.coalesce(1)
+            return out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols), None
+        return (out.coalesce(1).sortWithinPartitions(*cols) if columns else out.coalesce(1)), None
     existing = read_files(spark, candidates, schema)
+    if deletes is not None:
+        return _rows_after_local(spark, existing, inserts, deletes, net, columns)
     keyed, matches = _named(net.where(F.col(DIFF) < 0), columns)
     if deleted <= BROADCAST_DELETES:
         keyed = F.broadcast(keyed)
@@ -357,7 +393,41 @@ def _rows_after(
     kept = held.join(keyed, matches).select(*cols, (F.col("_held") - F.col("_del")).alias(DIFF))
     fresh = kept.unionByName(inserts.select(*cols, DIFF)).select(*cols, _checked(cols))
     fresh = _copies(fresh, cols, F.col(DIFF)).coalesce(1).sortWithinPartitions(*cols)
-    return untouched.select(*cols).unionByName(fresh)
+    return untouched.select(*cols).unionByName(fresh), None
+
+
+def _rows_after_local(
+    spark: SparkSession,
+    existing: DataFrame,
+    inserts: DataFrame,
+    deletes: pa.Table,
+    net: DataFrame,
+    columns: Sequence[str],
+) -> tuple[DataFrame, _Held]:
+    """:func:`_rows_after` with the deleted rows on the driver: one scan of the candidates."""
+    cols = [F.col(f"`{c}`") for c in columns]
+    types = {f.name: f.dataType for f in net.schema.fields}
+    local = spark.createDataFrame(
+        deletes.select(list(columns)).append_column("_id", pa.array(range(len(deletes))))
+    )
+    keyed = F.broadcast(
+        local.select(
+            *[F.col(f"`{c}`").cast(types[c]).alias(f"_k{i}") for i, c in enumerate(columns)],
+            F.col("_id").cast("int").alias("_id"),
+        )
+    )
+    matches = F.lit(True)
+    for i, c in enumerate(columns):
+        matches = matches & F.col(f"`{c}`").eqNullSafe(F.col(f"_k{i}"))
+    observation = Observation()
+    scanned = existing.join(keyed, matches, "left").observe(
+        observation,
+        F.array_join(F.collect_list(F.col("_id").cast("string")), ",").alias("ids"),
+    )
+    untouched = scanned.where(F.col("_id").isNull()).select(*cols)
+    fresh = _copies(inserts.select(*cols, _checked(cols)), cols, F.col(DIFF))
+    fresh = fresh.coalesce(1).sortWithinPartitions(*cols)
+    return untouched.unionByName(fresh), _Held(deletes, observation)
 
 
 def _checked(cols: Sequence[Column]) -> Column:
@@ -444,12 +514,33 @@ def apply_to_table(
         if deleted and not candidates and not overwrite:
             return _nothing_to_delete_from(spark, net, table_uri, app_id, epoch, label)
         existing_rows = sum(f.num_records or 0 for f in candidates)
-        rows_out = _rows_after(
-            spark, net, candidates, schema, columns, (inserted, deleted), overwrite
+        rows_out, held = _rows_after(
+            spark, net, candidates, schema, columns, (inserted, deleted), overwrite, deletes
         )
         total_rows = existing_rows + inserted - deleted
         try:
             staged = stage_updates(rows_out, table_uri, epoch, "rows")
+            if held is not None:
+                kept, short = held.kept(columns)
+                if short is not None:
+                    if (transaction_version(table_uri, app_id) or 0) >= epoch:
+                        return _already_applied(table_uri, epoch)
+                    raise _negative(label, epoch, short[0], str(short[1]))
+                if kept is not None:  # copies of rows held more times than deleted
+                    more = stage_updates(
+                        spark.createDataFrame(kept).select(
+                            *[F.col(f"`{c}`").cast(types[c]) for c in columns]
+                        ),
+                        table_uri,
+                        epoch,
+                        "kept",
+                    )
+                    staged = StagedFiles(
+                        staged.adds + more.adds,
+                        staged.rows + more.rows,
+                        staged.bytes + more.bytes,
+                        staged.schema,
+                    )
         except (PySparkException, Py4JJavaError) as e:
             if NEGATIVE not in str(e):
                 raise
