@@ -296,12 +296,16 @@ BROADCAST_DELETES = 1_000_000
 table's rows); beyond, Spark joins by sorting both sides."""
 
 
-def _named(deletes: DataFrame, columns: Sequence[str]) -> tuple[DataFrame, Column]:
-    """The deleted rows with their columns renamed ``_k<i>`` and ``-_diff`` as ``_del``, and
-    the condition matching a row of the table to one of them (NULL-safe, every column)."""
+def _named(
+    deletes: DataFrame, columns: Sequence[str], extra: Sequence[str] = ()
+) -> tuple[DataFrame, Column]:
+    """The deleted rows with their columns renamed ``_k<i>`` and ``-_diff`` as ``_del`` (and
+    the ``extra`` columns as they are), and the condition matching a row of the table to one
+    of them (NULL-safe, every column)."""
     keyed = deletes.select(
         *[F.col(f"`{c}`").alias(f"_k{i}") for i, c in enumerate(columns)],
         (-F.col(DIFF)).alias("_del"),
+        *extra,
     )
     cond = F.lit(True)
     for i, c in enumerate(columns):
@@ -380,7 +384,8 @@ def _rows_after(
         return (out.coalesce(1).sortWithinPartitions(*cols) if columns else out.coalesce(1)), None
     existing = read_files(spark, candidates, schema)
     if deletes is not None:
-        return _rows_after_local(spark, existing, inserts, deletes, net, columns)
+        types = {f.name: f.dataType for f in net.schema.fields}
+        return _rows_after_local(spark, existing, inserts, deletes, types, columns)
     keyed, matches = _named(net.where(F.col(DIFF) < 0), columns)
     if deleted <= BROADCAST_DELETES:
         keyed = F.broadcast(keyed)
@@ -401,26 +406,20 @@ def _rows_after_local(
     existing: DataFrame,
     inserts: DataFrame,
     deletes: pa.Table,
-    net: DataFrame,
+    types: Mapping[str, T.DataType],
     columns: Sequence[str],
 ) -> tuple[DataFrame, _Held]:
     """:func:`_rows_after` with the deleted rows on the driver: one scan of the candidates."""
     cols = [F.col(f"`{c}`") for c in columns]
-    types = {f.name: f.dataType for f in net.schema.fields}
-    local = spark.createDataFrame(
-        deletes.select(list(columns)).append_column("_id", pa.array(range(len(deletes))))
+    local = spark.createDataFrame(deletes.append_column("_id", pa.array(range(len(deletes)))))
+    local = local.select(
+        *[F.col(f"`{c}`").cast(types[c]).alias(c) for c in columns],
+        DIFF,
+        F.col("_id").cast("int").alias("_id"),
     )
-    keyed = F.broadcast(
-        local.select(
-            *[F.col(f"`{c}`").cast(types[c]).alias(f"_k{i}") for i, c in enumerate(columns)],
-            F.col("_id").cast("int").alias("_id"),
-        )
-    )
-    matches = F.lit(True)
-    for i, c in enumerate(columns):
-        matches = matches & F.col(f"`{c}`").eqNullSafe(F.col(f"_k{i}"))
+    keyed, matches = _named(local, columns, extra=("_id",))
     observation = Observation()
-    scanned = existing.join(keyed, matches, "left").observe(
+    scanned = existing.join(F.broadcast(keyed), matches, "left").observe(
         observation,
         F.array_join(F.collect_list(F.col("_id").cast("string")), ",").alias("ids"),
     )

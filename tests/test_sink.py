@@ -121,3 +121,20 @@ def test_deleting_rows_the_table_does_not_hold_commits_nothing(
         apply(spark, uri, 2, row, (3, "c", 1), local=local)
     assert DeltaTable(uri).version() == version
     assert contents(uri) == Counter({(1, "a"): 2, (2, "b"): 1})
+
+
+def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Path) -> None:
+    """The scan that keeps the untouched rows also counts the deleted rows' copies: the
+    candidate files' rows are scanned once, not a second time to count them."""
+    from bench.scans import ScanRows
+
+    uri = str(tmp_path / "views" / "t")  # a readable table under the lake root
+    apply(spark, uri, 1, *[(k, "a", 1) for k in range(40)], (3, "b", 2), overwrite=True)
+    scans = ScanRows(spark, str(tmp_path))
+    scans.mark()
+    change = apply(spark, uri, 2, (3, "b", -1), (7, "a", -1), (99, "z", 1), local=True)
+    assert (change.files_rewritten, change.rows_rewritten) == (1, 42)
+    assert scans.rows() == {"views": 42}
+    assert contents(uri) == Counter(
+        {(k, "a"): 1 for k in range(40) if k != 7} | {(3, "b"): 1, (99, "z"): 1}
+    )
