@@ -263,7 +263,7 @@ def _anti_delta(
 
     # 2. Keys whose match count crossed zero: `mine`'s old rows with those keys flip.
     d_other = prepare(other_inp, deltas[other_inp.get.collection])
-    touched = renamed(d_other, other_keys, other_stage.arrangement.key).distinct()
+    touched = renamed(d_other, other_keys, other_stage.arrangement.key)  # lookups only
 
     def counts(at: int, name: str) -> DataFrame:
         rows = other_rows(touched, at)

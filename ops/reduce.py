@@ -97,7 +97,8 @@ class StateStore:
     def read_consolidated(
         self, table: StateTable, key: Sequence[str], keys: DataFrame, as_of: int, like: DataFrame
     ) -> DataFrame:
-        """The table's multiset at ``as_of`` for ``keys``: ``(columns..., _diff)``.
+        """The table's multiset at ``as_of`` for ``keys`` (repeats allowed: the lookup makes
+        them distinct on the driver): ``(columns..., _diff)``.
 
         At ``as_of`` 0 (before the view existed) it is empty, shaped like ``like``'s columns
         (the table may not exist yet).
@@ -413,7 +414,7 @@ def _climb(
         if store.old > 0 and (written == 0 if written is not None else _empty(delta)):
             store.progress(f"{branch.name}: no change reaches level {level}")
             break
-        parents = delta.select(*[_c(k) for k in keys], _c("_p")).distinct()
+        parents = delta.select(*[_c(k) for k in keys], _c("_p"))
         if store.old == 0:
             # A build: the level below holds exactly ``delta`` (all at ``new``), so its
             # buckets' children need no lookup of the table just written.
@@ -536,7 +537,7 @@ def _buffered(
         first_old = change.limit(0)
         first_new = _first_k(change.where(_c(DIFF) > 0), keys, order, kept)
     else:
-        touched = change.select(*[_c(c) for c in keys]).distinct()
+        touched = change.select(*[_c(c) for c in keys])
         first_old = materialize(
             store.read_consolidated(first_table, keys, touched, store.old, change)
         )
@@ -796,7 +797,7 @@ def _minmax_values(
     top = branch.tables[-1]
     if branch.levels == 0:
         _check_append_only(node.label, delta)
-        groups = delta.select(*[_c(k) for k in keys]).distinct()
+        groups = delta.select(*[_c(k) for k in keys])
         inserted = delta.select(*[_c(k) for k in keys], *[_c(arg).alias(v) for v in values], DIFF)
         old_top = store.read_consolidated(top, keys, groups, store.old, inserted)
         combined = inserted.drop(DIFF).unionByName(
@@ -969,7 +970,7 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
         old_top = store.read_consolidated(
             top,
             tkeys,
-            frame.select(*[_c(c) for c in tkeys]).distinct(),
+            frame.select(*[_c(c) for c in tkeys]),
             store.old,
             frame.select(*[_c(c) for c in cols], DIFF),
         )
@@ -1002,7 +1003,7 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     if node.rank is None and node.offset == 0:
         return change.select(*[_c(c) for c in data], stamp.alias(TIME), DIFF)
     # Ranks: number the touched partitions' first k rows at old and at new.
-    groups = change.select(*[_c(c) for c in read_key]).distinct()
+    groups = change.select(*[_c(c) for c in read_key])
     rows = store.read(top, read_key, groups, store.new)
     state_cols = [c for c in rows.columns if c not in (TIME, DIFF)]
     states = [

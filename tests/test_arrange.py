@@ -92,6 +92,30 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
         assert _dictionary_filter(df) == [None]
 
 
+@pytest.mark.parametrize("null_safe", [False, True])
+def test_repeated_keys_are_made_distinct_on_the_driver(spark, arrangement, null_safe) -> None:
+    """A key may come several times (a stream's rows, not its distinct keys): the lookup's
+    state is the same, counted once per key, and collecting the keys is one Spark job (a
+    Spark-side distinct is a shuffle: a second job per lookup)."""
+    from resources.spark import JobGroup
+
+    uri, _, state = arrangement
+    keys = random.Random(5).sample(range(20_000), 40)
+    rows = [(k,) for k in keys for _ in range(3)] + [(None,), (None,)]
+    wanted = spark.createDataFrame(rows, "k bigint")
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    group = JobGroup("lookup", "collect a lookup's keys")
+    group.open(spark)
+    try:
+        df, stats = arrange.lookup(spark, uri, schema, ["k"], wanted, 2, null_safe=null_safe)
+    finally:
+        jobs = group.close(spark)
+    assert jobs == 1
+    assert stats.keys == len(keys) + (1 if null_safe else 0)
+    got = Counter({(r["k"], r["v"]): r[DIFF] for r in df.collect()})
+    assert got == Counter({kv: n for kv, n in state.items() if kv[0] in set(keys)})
+
+
 def test_lookup_before_the_first_epoch_runs_no_job(spark, arrangement) -> None:
     """Nothing is live at an epoch before the arrangement's first (a state table read at the
     build's ``done`` = 0): the lookup is empty without computing the keys' stream."""
