@@ -70,6 +70,11 @@ class Point:
     read: dict[str, int] = field(default_factory=dict)  # incremental: rows scanned per area
     full_read: int = 0  # rows the Spark full recompute scanned
 
+    @property
+    def scanned(self) -> int:
+        """Rows the incremental refresh's scans returned, all areas."""
+        return sum(self.read.values())
+
 
 @dataclass
 class ScaleResult:
@@ -402,8 +407,7 @@ def write_markdown(
         total = statistics.median(p.rows_total for p in r.points)
         jobs = statistics.median(p.spark_jobs for p in r.points)
         full_jobs = statistics.median(p.full_jobs for p in r.points)
-        scanned = statistics.median(sum(p.read.values()) for p in r.points)
-        full_scanned = statistics.median(p.full_read for p in r.points)
+        scanned, full_scanned = r.median("scanned"), r.median("full_read")
         lines.append(
             f"| {r.scale:g} | {r.build:.1f} | {inc:.1f} | {full:.1f} | {duck:.1f} | "
             f"{full / inc:.2f}x | {jobs:,.0f} / {full_jobs:,.0f} | "
@@ -494,8 +498,7 @@ def _scan_table(results: list[ScaleResult]) -> list[str]:
     ]
     for r in results:
         cells = [statistics.median(p.read.get(a, 0) for p in r.points) for a in AREAS]
-        inc = statistics.median(sum(p.read.values()) for p in r.points)
-        full = statistics.median(p.full_read for p in r.points)
+        inc, full = r.median("scanned"), r.median("full_read")
         lines.append(
             f"| {r.scale:g} | "
             + " | ".join(f"{c:,.0f}" for c in cells)

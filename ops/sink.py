@@ -354,6 +354,7 @@ def _rows_after(
     sizes: tuple[int, int],
     overwrite: bool,
     deletes: pa.Table | None = None,
+    types: Mapping[str, T.DataType] | None = None,
 ) -> tuple[DataFrame, _Held | None]:
     """The rows to write: the candidate files' rows minus the deleted ones, and the inserted.
 
@@ -365,7 +366,8 @@ def _rows_after(
     :data:`ROWS_PER_FILE` rows, by range). A deletion of a row no candidate file holds
     leaves the written count too high: the caller compares it with what it expects.
 
-    ``deletes``, the deleted rows on the driver (a change sized there): the candidate files
+    ``deletes``, the deleted rows on the driver (a change sized there; ``types``, the
+    columns' Spark types, cast them back): the candidate files
     are read once, not twice. Every row a deletion names is left out, and the scan counts
     them per deleted row as it goes (the returned :class:`_Held`); the caller writes back the
     ``held - deleted`` copies (none when the table's rows are distinct) and refuses a
@@ -383,8 +385,7 @@ def _rows_after(
             return out.repartitionByRange(n_files, cols[0]).sortWithinPartitions(*cols), None
         return (out.coalesce(1).sortWithinPartitions(*cols) if columns else out.coalesce(1)), None
     existing = read_files(spark, candidates, schema)
-    if deletes is not None:
-        types = {f.name: f.dataType for f in net.schema.fields}
+    if deletes is not None and types is not None:
         return _rows_after_local(spark, existing, inserts, deletes, types, columns)
     keyed, matches = _named(net.where(F.col(DIFF) < 0), columns)
     if deleted <= BROADCAST_DELETES:
@@ -514,7 +515,7 @@ def apply_to_table(
             return _nothing_to_delete_from(spark, net, table_uri, app_id, epoch, label)
         existing_rows = sum(f.num_records or 0 for f in candidates)
         rows_out, held = _rows_after(
-            spark, net, candidates, schema, columns, (inserted, deleted), overwrite, deletes
+            spark, net, candidates, schema, columns, (inserted, deleted), overwrite, deletes, types
         )
         total_rows = existing_rows + inserted - deleted
         try:
