@@ -9,6 +9,11 @@ and the seconds during which at least one of them ran (Spark's status store: an 
 fine for a benchmark). The rest of a view's time is the driver's: planning each query,
 Py4J round trips, the Delta log (delta-rs) and commits. With a tiny change this is a refresh's
 fixed cost, whatever the data's size.
+
+``--writes spark`` has Spark write every file (no small writes by the driver, see
+:func:`ops.sink.stage_updates`); ``--writes alternate`` alternates rounds between the two and
+prints each's median seconds per refresh, side by side in one session (after a first round
+that warms the session up).
 """
 
 from __future__ import annotations
@@ -45,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.1)
     parser.add_argument("--change", type=float, default=0.0001)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--writes", choices=["driver", "spark", "alternate"], default="driver")
     args = parser.parse_args(argv)
 
+    import statistics
+
+    import ops.sink
     from bench.__main__ import project, setup
     from demo.tpch import apply_change_batch
     from ivm.engine import Engine
@@ -58,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if not engine.refresh().ok:
         raise SystemExit("the build failed")
     rows: list[tuple[str, float, int, float]] = []
-    for run in range(args.rounds):
+    totals: dict[str, list[float]] = {"driver": [], "spark": []}
+    alternate = args.writes == "alternate"
+    for run in range(args.rounds + alternate):  # alternating: a first round to warm up
+        writes = args.writes if not alternate else ("spark", "driver")[run % 2]
+        ops.sink.DRIVER_WRITE = writes == "driver"
         apply_change_batch(sources, args.change, seed=1 + run)
         engine.mint_epoch()
         for key in engine.plan.arrangements:  # their writes are not any view's
@@ -71,6 +84,16 @@ def main(argv: list[str] | None = None) -> int:
             group = result.spark_job_group
             busy = busy_seconds(spark, group) if group else 0.0
             rows.append((name, seconds, result.spark_jobs, busy))
+        total = sum(r[1] for r in rows)
+        if run or not alternate:
+            totals[writes].append(total)
+        print(f"round {run + 1}, small writes by {writes}: {total:.2f}s", flush=True)
+    for writes, seconds_list in totals.items():
+        if seconds_list:
+            print(
+                f"small writes by {writes}: median {statistics.median(seconds_list):.2f}s per "
+                f"refresh over {len(seconds_list)} rounds"
+            )
     width = max(len(r[0]) for r in rows)
     print(f"SF {args.scale:g}, {args.change:.4%} of the orders per kind, views one at a time:")
     print(f"{'view'.ljust(width)}  seconds  Spark jobs  in jobs  share")

@@ -648,6 +648,7 @@ class Engine:
                 metadata={"ivm.quarantine": name},
                 description=f"ivm quarantine: updates of source {name} that break its contract",
                 overwrite=anew,
+                small=self.small_change([name], done, target),
             )
             result = QuarantineResult(name, target, commit.rows, uri)
             if commit.rows:  # one row of this epoch's, read from the files (not all of them)
@@ -861,6 +862,8 @@ class Engine:
                     epoch=target,
                     metadata={**meta, LOG_START: str(log_start)},
                     overwrite=overwrite,
+                    small=result.status == "refreshed"
+                    and self.small_change(plan.inputs, log_done, target),
                 )
             crash_point("log_committed")
             result.timings["log"] = time.perf_counter() - t0
@@ -964,22 +967,44 @@ class Engine:
         the refresh) or their appended files' row counts; views count the rows of the diff-log
         files that may hold updates in the range. Totals come from file statistics.
         """
-        from ops.ingest import log_files_between, source_change_rows, source_rows
+        from ops.ingest import source_rows
 
         epochs = self._epoch_map()
-        changed = total = 0
+        changed = sum(self.change_rows(coll, done, target) for coll in plan.inputs)
+        total = 0
         for coll in plan.source_inputs:
-            source = self.sources[coll]
-            for e in range(done + 1, target + 1):
-                rng = epochs[e].ranges.get(coll)  # missing: the refresh itself says so
-                if rng is not None and rng[0] != rng[1]:
-                    changed += source_change_rows(self.spark, source, rng[0], rng[1], e)
-            total += source_rows(source, epochs[target].ranges[coll][1])
+            total += source_rows(self.sources[coll], epochs[target].ranges[coll][1])
         for coll in plan.view_inputs:
-            log_uri = self.layout.view_log(coll)
-            changed += sum(f.num_records or 0 for f in log_files_between(log_uri, done, target))
             total += self._rows_hint(coll) or 0
         return changed, total
+
+    def change_rows(self, coll: str, done: int, target: int) -> int:
+        """How many updates a collection gives in ``(done, target]``, at most: a source's
+        change feed rows (read now if no reader has yet; it is kept for the refresh) or its
+        appended files' rows; a view's rows in the diff-log files that may hold updates in
+        the range. From file statistics and the kept feeds: no Spark job."""
+        from ops.ingest import log_files_between, source_change_rows
+
+        if coll in self.plan.views:
+            log_uri = self.layout.view_log(coll)
+            return sum(f.num_records or 0 for f in log_files_between(log_uri, done, target))
+        epochs = self._epoch_map()
+        changed = 0
+        for e in range(done + 1, target + 1):
+            rng = epochs[e].ranges.get(coll)  # missing: the refresh itself says so
+            if rng is not None and rng[0] != rng[1]:
+                changed += source_change_rows(self.spark, self.sources[coll], rng[0], rng[1], e)
+        return changed
+
+    def small_change(self, colls: Iterable[str], done: int, target: int) -> bool:
+        """Whether ``colls`` give at most :data:`~ops.sink.DRIVER_CHANGE_ROWS` updates in
+        ``(done, target]`` (``done`` > 0: a refresh, not a build): what they cause is then
+        written by the driver (see :func:`ops.sink.stage_updates`)."""
+        from ops.sink import DRIVER_CHANGE_ROWS
+
+        return done > 0 and sum(self.change_rows(c, done, target) for c in colls) <= (
+            DRIVER_CHANGE_ROWS
+        )
 
     def _recompute_reason(self, plan: ViewPlan, done: int, target: int) -> str | None:
         """Why this refresh should recompute the view rather than apply its inputs' changes:
@@ -1118,7 +1143,9 @@ class Engine:
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
         stats = stats if stats is not None else {}
-        store = self._state_store(plan, done, target, stats)
+        store = self._state_store(
+            plan, done, target, stats, small=self.small_change(plan.inputs, done, target)
+        )
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
         crash_point("ingest")
         delta_join = None
@@ -1140,10 +1167,15 @@ class Engine:
         """Where a view's state table lives: ``state/<view>/<table>``."""
         return f"{self.layout.root}/state/{view}/{table}"
 
-    def _state_store(self, plan: ViewPlan, done: int, target: int, stats: dict):
-        """The view's state tables as the reduce operators see them (see ops.reduce)."""
+    def _state_store(
+        self, plan: ViewPlan, done: int, target: int, stats: dict, *, small: bool = False
+    ):
+        """The view's state tables as the reduce operators see them (see ops.reduce);
+        ``small``: the inputs' change is small, so are the state's (written by the driver
+        unless a write's known size says otherwise)."""
         from ops.arrange import LookupStats, lookup, write_updates
         from ops.reduce import StateStore
+        from ops.sink import DRIVER_CHANGE_ROWS
 
         def write(table, updates, rows_hint: int | None = None) -> int | None:
             uri = self.state_uri(plan.name, table.name)
@@ -1159,6 +1191,7 @@ class Engine:
                 metadata={"ivm.state": table.name, "ivm.view": plan.name},
                 overwrite=done == 0 and open_table(uri) is not None,
                 rows_hint=rows_hint,
+                small=small and (rows_hint or 0) <= DRIVER_CHANGE_ROWS,
             )
             crash_point("state_committed")
             self.progress(
@@ -1291,6 +1324,7 @@ class Engine:
             overwrite=rebuild and done > 0,
             rows_hint=self._rows_hint(key.collection) if rebuild else None,
             in_ranges=rebuild and in_ranges,
+            small=not rebuild and self.small_change([key.collection], done, target),
         )
         crash_point("arrangement_committed")
         self.progress(

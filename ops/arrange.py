@@ -96,10 +96,12 @@ def write_updates(
     overwrite: bool = False,
     rows_hint: int | None = None,
     in_ranges: bool = False,
+    small: bool = False,
 ) -> CommitResult:
     """Append (or, ``overwrite``, start anew with) consolidated updates sorted by ``key``;
-    ``in_ranges``: each partition of ``updates`` holds a range of ``key`` that the others'
-    barely overlap."""
+    ``in_ranges``: each partition of ``updates`` holds a range of ``key`` that the others
+    barely overlap; ``small``: an epoch's change, written by the driver if it has at most
+    :data:`~ops.sink.DRIVER_CHANGE_ROWS` rows (see :func:`~ops.sink.stage_updates`)."""
     return append_updates(
         sorted_by(updates, key, rows_hint, in_ranges),
         uri,
@@ -109,6 +111,7 @@ def write_updates(
         overwrite=overwrite,
         description=f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)",
         parquet_options=PARQUET_OPTIONS,
+        small=small,
     )
 
 

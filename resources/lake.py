@@ -661,6 +661,39 @@ class StagedFiles:
     schema: pa.Schema | None
 
 
+def stage_arrow(
+    staged_uri: str,
+    table: pa.Table,
+    *,
+    rows_per_page: int | None = None,
+    page_bytes: int | None = None,
+) -> None:
+    """Write ``table`` as one Parquet file into the staging folder ``staged_uri``, the way
+    Spark's writer would (same codec and level, page index, decimals as integers, no Arrow
+    schema in the footer, microsecond UTC timestamps): readers cannot tell the two apart."""
+    from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
+
+    fs, base = _fs(staged_uri)
+    fs.create_dir(base, recursive=True)
+    path = f"{base}/part-00000-{uuid.uuid4()}-c000.{PARQUET_CODEC}.parquet"
+    options: dict[str, Any] = {}
+    if rows_per_page is not None:
+        options["max_rows_per_page"] = rows_per_page
+    if page_bytes is not None:
+        options["data_page_size"] = page_bytes
+    pq.write_table(
+        table,
+        path,
+        filesystem=fs,
+        compression=PARQUET_CODEC,
+        compression_level=ZSTD_LEVEL,
+        write_page_index=True,
+        store_schema=False,
+        store_decimal_as_integer=True,
+        **options,
+    )
+
+
 def collect_staged(table_uri: str, staged_uri: str) -> StagedFiles:
     """List the Parquet files under ``staged_uri`` and build their AddActions with stats.
 

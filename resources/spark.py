@@ -60,6 +60,11 @@ def check_java() -> None:
         raise JavaMissingError(f"Java {major} found. {JAVA_HELP}")
 
 
+PARQUET_CODEC = "zstd"
+ZSTD_LEVEL = 1
+"""How every Parquet file of the lake is compressed, by Spark's writers and by the driver's
+(:func:`resources.lake.stage_arrow`)."""
+
 RUNTIME_BLOOM_FILTER = "spark.sql.optimizer.runtime.bloomFilter.enabled"
 DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 OPTIMIZER_EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
@@ -81,10 +86,10 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         # Exact, portable Parquet: UTC, INT64 microsecond timestamps, zstd.
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.sql.parquet.compression.codec": "zstd",
+        "spark.sql.parquet.compression.codec": PARQUET_CODEC,
         # zstd level 1 (Parquet's default is 3): files within 3% of the size, written 13%
         # faster (SF1 lineitem's arrangement, 6M rows: 6.9-7.2s -> 6.1s, alternated runs).
-        "spark.hadoop.parquet.compression.codec.zstd.level": "1",
+        "spark.hadoop.parquet.compression.codec.zstd.level": str(ZSTD_LEVEL),
         "spark.sql.files.maxRecordsPerFile": "2000000",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.hadoop.parquet.enable.summary-metadata": "false",

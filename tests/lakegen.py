@@ -1,7 +1,8 @@
 """Random source tables and random change batches, written with delta-rs (test helper).
 
 Each batch mixes inserts (including exact duplicates of existing rows), deletes and updates,
-so views see retractions, multiplicities above one and NULLs.
+so views see retractions, multiplicities above one and NULLs. Also: which Parquet writer made
+a table's files (:func:`parquet_writers`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import random
 from decimal import Decimal
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 ITEMS_SCHEMA = pa.schema(
@@ -228,3 +230,9 @@ class JoinLake:
         DeltaTable(p["customers"]).update(
             {"c_seg": "'AUTO'"}, predicate=f"c_id = {rng.randint(1, 8)}"
         )
+
+
+def parquet_writers(dt: DeltaTable) -> set[str]:
+    """Which Parquet writer made each file of ``dt``: ``parquet-mr`` is Spark's,
+    ``parquet-cpp-arrow`` pyarrow's (the driver's)."""
+    return {pq.ParquetFile(p).metadata.created_by.split(" ")[0] for p in dt.file_uris()}

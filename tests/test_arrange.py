@@ -24,6 +24,7 @@ from ivm.engine import Engine
 from ivm.oracle import compare_views
 from ops import DIFF, TIME
 from resources.lake import DataFile, key_ordered, local_path, open_table, table_files
+from tests.lakegen import parquet_writers
 
 pytestmark = pytest.mark.spark
 
@@ -41,10 +42,13 @@ def _dictionary_filter(df) -> list[str | None]:
     return [o.apply(DICTIONARY_FILTER) if o.contains(DICTIONARY_FILTER) else None for o in options]
 
 
-@pytest.fixture(scope="module")
-def arrangement(spark, tmp_path_factory) -> tuple[str, Counter, Counter]:
+@pytest.fixture(
+    scope="module", params=[False, True], ids=["written by Spark", "written by the driver"]
+)
+def arrangement(spark, tmp_path_factory, request) -> tuple[str, Counter, Counter]:
     """An arrangement by ``k`` written at epochs 1 and 2 (epoch 2 deletes rows), and its
-    states at epochs 1 and 2 as multisets of ``(k, v)``."""
+    states at epochs 1 and 2 as multisets of ``(k, v)``; its files written by Spark, or by
+    the driver (``small``: an epoch's change), which must lay out the same pages."""
     uri = str(Path(tmp_path_factory.mktemp("arr")) / "t__by__k")
     first = spark.range(ROWS).select(
         (F.col("id") % 20_000).alias("k"),
@@ -52,14 +56,20 @@ def arrangement(spark, tmp_path_factory) -> tuple[str, Counter, Counter]:
         F.lit(1).cast("bigint").alias(TIME),
         F.lit(1).cast("bigint").alias(DIFF),
     )
-    arrange.write_updates(first, uri, ["k"], app_id="t", epoch=1, metadata={}, rows_hint=ROWS)
+    small = request.param
+    arrange.write_updates(
+        first, uri, ["k"], app_id="t", epoch=1, metadata={}, rows_hint=ROWS, small=small
+    )
     second = spark.range(0, ROWS, 97).select(
         (F.col("id") % 20_000).alias("k"),
         (F.col("id") * 7 % 13).alias("v"),
         F.lit(2).cast("bigint").alias(TIME),
         F.lit(-1).cast("bigint").alias(DIFF),
     )
-    arrange.write_updates(second, uri, ["k"], app_id="t", epoch=2, metadata={}, rows_hint=ROWS)
+    arrange.write_updates(
+        second, uri, ["k"], app_id="t", epoch=2, metadata={}, rows_hint=ROWS, small=small
+    )
+    assert parquet_writers(DeltaTable(uri)) == {"parquet-cpp-arrow" if small else "parquet-mr"}
     state: Counter = Counter()
     for i in range(ROWS):
         state[(i % 20_000, i * 7 % 13)] += 1

@@ -17,6 +17,7 @@ from deltalake import DeltaTable
 from ivm.errors import InvariantViolation
 from ops import DIFF
 from ops.sink import PER_ROW_PRUNE_FILES, apply_to_table
+from tests.lakegen import parquet_writers
 
 pytestmark = pytest.mark.spark
 
@@ -138,3 +139,79 @@ def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Pat
     assert contents(uri) == Counter(
         {(k, "a"): 1 for k in range(40) if k != 7} | {(3, "b"): 1, (99, "z"): 1}
     )
+
+
+def _typed_updates(spark, n: int):
+    """``n`` updates with a column of each type views produce, NULLs included."""
+    return spark.range(n).selectExpr(
+        "cast(id % 7 as tinyint) AS tiny",
+        "id AS k",
+        "cast(id * 1.25 as decimal(12,2)) AS price",
+        "cast(id as decimal(38,10)) / 3 AS wide",
+        "date_add(DATE '1995-01-01', cast(id as int)) AS day",
+        "timestamp_micros(1700000000000000 + id * 1001) AS at",
+        "CASE WHEN id % 5 = 0 THEN NULL ELSE concat('é', cast(id as string)) END AS name",
+        "id % 2 = 0 AS even",
+        "id / 8.0D AS ratio",
+        "cast(3 as bigint) AS _time",
+        "cast(1 - 2 * (id % 2) as bigint) AS _diff",
+    )
+
+
+def _log(spark, tmp_path: Path, name: str, updates, *, small: bool):
+    from ops.sink import append_updates
+    from resources.spark import JobGroup
+
+    uri = str(tmp_path / name)
+    group = JobGroup(name, "write a log")
+    group.open(spark)
+    try:
+        append_updates(updates, uri, app_id="t", epoch=3, metadata={}, small=small)
+    finally:
+        jobs = group.close(spark)
+    return DeltaTable(uri), jobs
+
+
+def test_a_small_write_by_the_driver_is_what_spark_writes(spark, tmp_path: Path) -> None:
+    """Written by the driver (pyarrow) or by Spark, an epoch's updates make the same Delta
+    table: schema, rows, per-file statistics; Spark reads both back as the same rows."""
+    updates = _typed_updates(spark, 500).coalesce(1)  # one file each way
+    by_spark, _ = _log(spark, tmp_path, "spark", updates, small=False)
+    by_driver, jobs = _log(spark, tmp_path, "driver", updates, small=True)
+    assert jobs == 1  # collecting the rows
+    assert parquet_writers(by_driver) == {"parquet-cpp-arrow"} and parquet_writers(by_spark) == {
+        "parquet-mr"
+    }
+    assert by_driver.schema().to_arrow() == by_spark.schema().to_arrow()
+
+    def rows(dt: DeltaTable) -> Counter:
+        return Counter(tuple(r.values()) for r in dt.to_pyarrow_table().to_pylist())
+
+    assert rows(by_driver) == rows(by_spark) and sum(rows(by_driver).values()) == 500
+
+    def stats(dt: DeltaTable) -> dict:
+        actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+        return {k: v for k, v in actions[0].items() if k.startswith(("min.", "max.", "null_"))}
+
+    assert len(by_driver.file_uris()) == 1
+    assert stats(by_driver) == stats(by_spark)
+    read = [
+        spark.read.parquet(*dt.file_uris()).select(*updates.columns) for dt in (by_spark, by_driver)
+    ]
+    assert read[0].schema == read[1].schema  # Spark reads files' columns as nullable
+    assert read[1].schema.simpleString() == updates.schema.simpleString()
+    assert read[0].exceptAll(read[1]).count() == read[1].exceptAll(read[0]).count() == 0
+
+
+def test_a_small_write_that_is_not_small_is_written_by_spark(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More rows than the driver takes: Spark writes them all (computing them again)."""
+    import ops.sink
+
+    monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", 10)
+    updates = _typed_updates(spark, 11).repartition(2)
+    table, jobs = _log(spark, tmp_path, "big", updates, small=True)
+    assert jobs > 1
+    assert table.to_pyarrow_table().num_rows == 11
+    assert parquet_writers(table) == {"parquet-mr"} and len(table.file_uris()) == 2  # per partition
