@@ -112,9 +112,11 @@ DRIVER_WRITE = True
 """Whether small writes (see :func:`stage_updates`) are made by the driver. Spark's write of a
 few thousand rows is a job whose file commit protocol (task attempt folders, renames) and
 writer set-up cost more than the rows: collecting them (one job, as Arrow) and writing one
-file with pyarrow costs less. SF0.1, the demo's views one at a time after a 0.1% batch
-(``python -m bench.overhead --change 0.001 --rounds 3``, alternated): 13.5-13.7s against
-17.1-19.2s per refresh, the same 199 Spark jobs."""
+file with pyarrow costs less, but not by much. A warm session, SF0.1, whole refreshes after
+0.1% batches, rounds alternated (each against the mean of its two neighbours): 12.9s, 13.9s,
+14.6s against 14.2s, 15.6s, 15.0s; the JVM's CPU about the same. SF1, the views alone
+(``python -m bench.overhead --scale 1 --change 0.001 --writes alternate``): 20.2s against
+20.1s, within the noise."""
 
 
 def _stage_on_driver(
