@@ -119,12 +119,32 @@ file with pyarrow costs less, but not by much. A warm session, SF0.1, whole refr
 20.1s, within the noise."""
 
 
+_FLAT = (
+    T.BooleanType,
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.FloatType,
+    T.DoubleType,
+    T.DecimalType,
+    T.StringType,
+    T.BinaryType,
+    T.DateType,
+    T.TimestampType,
+    T.TimestampNTZType,
+)
+"""Column types the driver writes as Spark does; updates with others (nested, intervals) are
+written by Spark."""
+
+
 def _stage_on_driver(
     updates: DataFrame, staged_uri: str, parquet_options: Mapping[str, object]
 ) -> bool:
     """Collect at most :data:`DRIVER_CHANGE_ROWS` rows of ``updates`` (in their order, as one
-    partition) and write them into ``staged_uri``; False, writing nothing, if there are more."""
-    if not DRIVER_WRITE:
+    partition) and write them into ``staged_uri``; False, writing nothing, if there are more
+    or a column's type is not :data:`_FLAT`."""
+    if not DRIVER_WRITE or not all(isinstance(f.dataType, _FLAT) for f in updates.schema):
         return False
     rows = updates.coalesce(1).limit(DRIVER_CHANGE_ROWS + 1).toArrow()
     if rows.num_rows > DRIVER_CHANGE_ROWS:

@@ -215,3 +215,18 @@ def test_a_small_write_that_is_not_small_is_written_by_spark(
     assert jobs > 1
     assert table.to_pyarrow_table().num_rows == 11
     assert parquet_writers(table) == {"parquet-mr"} and len(table.file_uris()) == 2  # per partition
+
+
+def test_nested_columns_are_written_by_spark(spark, tmp_path: Path) -> None:
+    """Only flat column types are written by the driver; an array column's updates are
+    written by Spark, whatever their size."""
+    updates = spark.range(3).selectExpr(
+        "id AS k", "array(id, id + 1) AS pair", "cast(1 as bigint) AS _time", "id AS _diff"
+    )
+    table, _ = _log(spark, tmp_path, "nested", updates.coalesce(1), small=True)
+    assert parquet_writers(table) == {"parquet-mr"}
+    assert sorted(r["pair"] for r in table.to_pyarrow_table().to_pylist()) == [
+        [0, 1],
+        [1, 2],
+        [2, 3],
+    ]
