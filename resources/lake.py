@@ -669,8 +669,9 @@ def stage_arrow(
     page_bytes: int | None = None,
 ) -> None:
     """Write ``table`` as one Parquet file into the staging folder ``staged_uri``, the way
-    Spark's writer would (same codec and level, page index, decimals as integers, no Arrow
-    schema in the footer, microsecond UTC timestamps): readers cannot tell the two apart."""
+    the engine's Spark writer would (its codec and level, a page index, decimals as integers,
+    no Arrow schema in the footer, timestamps as Spark hands them over: microseconds, UTC):
+    readers cannot tell the two apart."""
     from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
 
     fs, base = _fs(staged_uri)

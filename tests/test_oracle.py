@@ -76,8 +76,17 @@ def built_random_lake(spark, make_project, tmp_path, views, seed) -> tuple[Rando
     return lake, engine
 
 
-@pytest.mark.parametrize("seed", [7, 2024])
-def test_random_batches_match_duckdb(spark, make_project, tmp_path, seed):
+@pytest.mark.parametrize(
+    ("seed", "driver_writes"),
+    [(7, True), (2024, False)],
+    ids=["small changes written by the driver", "every file written by Spark"],
+)
+def test_random_batches_match_duckdb(
+    spark, make_project, tmp_path, monkeypatch, seed, driver_writes
+):
+    import ops.sink
+
+    monkeypatch.setattr(ops.sink, "DRIVER_WRITE", driver_writes)
     lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
     for round_ in range(4):
         summary = lake.random_batch()
