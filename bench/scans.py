@@ -9,9 +9,9 @@ from the driver, not from a scan). Spark cuts a scan's file list in plan descrip
 ``spark.sql.maxMetadataStringLength`` characters (100 by default, shorter than many a lake
 path): :class:`ScanRows` raises it for the session, which changes nothing but plan strings.
 The count is after Parquet's row-group and page skipping, before any filter, so it is what a
-query read, without the extra pass of ``Engine(measure_lookups=True)``. Queries the status store no longer keeps
-(``spark.sql.ui.retainedExecutions``, 1,000 by default) are not counted: a refresh of the
-bench's views runs under a hundred.
+query read, without the extra pass of ``Engine(measure_lookups=True)``. Queries the status
+store no longer keeps (``spark.sql.ui.retainedExecutions``, 1,000 by default) are not
+counted: a refresh of the bench's views runs under a hundred.
 """
 
 from __future__ import annotations

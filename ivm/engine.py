@@ -821,7 +821,7 @@ class Engine:
         log_start = self._log_start(log_uri)
         if log_done < target:
             t0 = time.perf_counter()
-            overwrite = False
+            overwrite = small = False
             unchanged: frozenset[str] = frozenset()
             if not reason and log_done > 0:
                 unchanged = self._unchanged_inputs(plan, log_done, target)
@@ -841,7 +841,8 @@ class Engine:
                 result.inputs_changed = False
             else:
                 lookups: dict = {}
-                updates = self._view_updates(plan, log_done, target, lookups, unchanged)
+                small = self.small_change(plan.inputs, log_done, target)
+                updates = self._view_updates(plan, log_done, target, lookups, unchanged, small)
                 result.lookups = lookups
                 result.status = "built" if log_done == 0 else "refreshed"
             if overwrite or log_done == 0:
@@ -862,8 +863,7 @@ class Engine:
                     epoch=target,
                     metadata={**meta, LOG_START: str(log_start)},
                     overwrite=overwrite,
-                    small=result.status == "refreshed"
-                    and self.small_change(plan.inputs, log_done, target),
+                    small=small,
                 )
             crash_point("log_committed")
             result.timings["log"] = time.perf_counter() - t0
@@ -1122,10 +1122,12 @@ class Engine:
         target: int,
         stats=None,
         unchanged: frozenset[str] = frozenset(),
+        small: bool = False,
     ):
         """The view's updates in ``(done, target]``, consolidated per (data, time) unless
         computed from scratch. Joins skip the delta paths of the ``unchanged`` inputs (see
-        :meth:`_unchanged_inputs`).
+        :meth:`_unchanged_inputs`); ``small``: the inputs' change is (:meth:`small_change`),
+        so the state's is too.
 
         From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
         by delta paths whose lookups read the shared arrangements (refreshed first). From
@@ -1143,9 +1145,7 @@ class Engine:
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
         stats = stats if stats is not None else {}
-        store = self._state_store(
-            plan, done, target, stats, small=self.small_change(plan.inputs, done, target)
-        )
+        store = self._state_store(plan, done, target, stats, small=small)
         inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
         crash_point("ingest")
         delta_join = None

@@ -4,10 +4,14 @@ decimals), and its diff log must sum to the same collection."""
 
 from __future__ import annotations
 
+import glob
+
+import pyarrow.parquet as pq
 import pytest
 
 from ivm.engine import Engine
 from ivm.oracle import compare_views, log_multiset, table_multiset
+from resources.lake import local_path
 from tests.lakegen import RandomLake
 
 pytestmark = pytest.mark.spark
@@ -95,3 +99,10 @@ def test_random_batches_match_duckdb(
         assert engine.latest_epoch() == round_ + 2
         assert {v.epoch for v in report.views} == {round_ + 2}
         check_all(engine)
+    # Every file of the last epoch (logs, state, arrangements, tables) came from one writer.
+    files = glob.glob(
+        f"{local_path(engine.layout.root)}/**/*-e{engine.latest_epoch():08d}-*/*.parquet",
+        recursive=True,
+    )
+    writers = {pq.ParquetFile(f).metadata.created_by.split(" ")[0] for f in files}
+    assert files and writers == {"parquet-cpp-arrow" if driver_writes else "parquet-mr"}
