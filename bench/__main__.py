@@ -117,6 +117,7 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
     interval = float(sensor.minimum_interval_seconds or 30)
     out = {}
     for way in ("warm", "fresh"):
+        before = _engine(config).latest_epoch()  # read before the clock starts
         apply_change_batch(sources, change, seed=seed + len(out))
         committed = time.perf_counter()
         result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
@@ -130,6 +131,7 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
         else:
             _run_in_fresh_process(config, REFRESH_JOB, tags)
         done = time.perf_counter()
+        _check_all_views_at(config, before + 1)
         out[way] = {
             "tick": requested - committed,
             "run": done - requested,
@@ -141,11 +143,9 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
 
 def _run_in_fresh_process(config: Path, job: str, tags: dict[str, str]) -> None:
     """``dagster job execute`` of the code location's ``job`` on the project ``config``, in a
-    new process with a Dagster instance of its own; checks every view reached the epoch."""
-    from ivm.config import CONFIG_ENV, load_project
-    from ivm.engine import Engine
+    new process with a Dagster instance of its own."""
+    from ivm.config import CONFIG_ENV
 
-    before = Engine(load_project(config)).latest_epoch()
     with tempfile.TemporaryDirectory(prefix="ivm-bench-dagster-") as home:
         env = {**os.environ, CONFIG_ENV: str(config), "DAGSTER_HOME": home}
         cmd = [
@@ -154,12 +154,25 @@ def _run_in_fresh_process(config: Path, job: str, tags: dict[str, str]) -> None:
         ]  # fmt: skip
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"the sensor's run failed in a fresh process:\n{proc.stderr[-4000:]}")
-    status = Engine(load_project(config)).status()
-    behind = {v: s["epoch"] for v, s in status["views"].items() if s["epoch"] != status["epoch"]}
-    if status["epoch"] != before + 1 or behind:
+        output = (proc.stdout + proc.stderr)[-4000:]
+        raise SystemExit(f"the sensor's run failed in a fresh process:\n{output}")
+
+
+def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
+    """A fresh engine on the project ``config``: it sees what another process committed."""
+    from ivm.config import load_project
+    from ivm.engine import Engine
+
+    return Engine(load_project(config))
+
+
+def _check_all_views_at(config: Path, epoch: int) -> None:
+    """Stop the bench unless the latest epoch is ``epoch`` and every view reached it."""
+    status = _engine(config).status()
+    behind = {v: s["epoch"] for v, s in status["views"].items() if s["epoch"] != epoch}
+    if status["epoch"] != epoch or behind:
         raise SystemExit(
-            f"the fresh process's run left epoch {status['epoch']} (expected {before + 1}), "
+            f"the sensor's run left epoch {status['epoch']} (expected {epoch}), "
             f"views behind: {behind}"
         )
 
