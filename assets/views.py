@@ -244,9 +244,9 @@ def _views_asset(project: Project, engine: Engine) -> dg.AssetsDefinition:
     def views(
         context: AssetExecutionContext, pyspark: LazyPySparkResource, config: ViewRefreshConfig
     ) -> Iterator[dg.MaterializeResult]:
-        from resources.spark import check_java
+        from resources.spark import check_spark
 
-        check_java()
+        check_spark(pyspark.spark_config)
         run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         selected = context.selected_asset_keys
         names = [n for n in run_engine.plan.order if view_key(n) in selected]
@@ -315,9 +315,9 @@ def _verify_check(project: Project, name: str) -> dg.AssetChecksDefinition:
     def check(
         context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
     ) -> dg.AssetCheckResult:
-        from resources.spark import check_java
+        from resources.spark import check_spark
 
-        check_java()
+        check_spark(pyspark.spark_config)
         engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         result = engine.verify(name)
         return dg.AssetCheckResult(

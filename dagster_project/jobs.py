@@ -58,9 +58,9 @@ def compact_job(project: Project) -> dg.JobDefinition:
     ) -> dg.Output[None]:
         from ivm.compact import compact, storage_report
         from ivm.engine import Engine
-        from resources.spark import check_java
+        from resources.spark import check_spark
 
-        check_java()
+        check_spark(pyspark.spark_config)
         engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         report = compact(engine, retention_hours=config.retention_hours)
         totals = report.totals()

@@ -1,4 +1,5 @@
-"""The ``ivm`` command: refresh, show, explain, status, arrangements, verify for a project.
+"""The ``ivm`` command: refresh, show, explain, status, arrangements, verify, vacuum, compact
+for a project, and ``spark-server`` (a warm Spark Connect server its runs can compute on).
 
 Owns argument parsing, output formats and exit codes: 0 on success, 1 when a refresh ran but
 some view failed, 2 on bad input (one line on stderr naming the file, the object and, for
@@ -26,6 +27,7 @@ import pyarrow as pa
 
 from ivm.config import CONFIG_ENV
 from ivm.errors import IvmError
+from resources.spark import DEFAULT_CONNECT_PORT
 
 
 def _json_default(v: Any) -> Any:
@@ -147,7 +149,56 @@ def _parser() -> argparse.ArgumentParser:
         "--hours", type=float, default=168.0, help="vacuum keeps files of versions this recent"
     )
     co.add_argument("--json", action="store_true")
+    sv = sub.add_parser(
+        "spark-server",
+        help="keep a warm Spark serving Spark Connect clients: runs whose project sets "
+        "spark.remote (a Dagster run, `ivm refresh`) compute on it instead of starting a JVM",
+    )
+    sv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (127.0.0.1; the server has no authentication: expose it "
+        "only on a network you trust)",
+    )
+    sv.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"port to serve (default: the project's spark.remote, else {DEFAULT_CONNECT_PORT})",
+    )
     return p
+
+
+def _spark_server(engine: Any, args: argparse.Namespace) -> int:
+    """Serve until interrupted (Ctrl-C or SIGTERM), then stop Spark."""
+    import signal
+    import threading
+    from urllib.parse import urlparse
+
+    from resources.spark import remote_url, serve
+
+    conf = engine.project.spark_conf
+    url = remote_url(conf)
+    port = args.port or (url and urlparse(url.replace("sc://", "http://", 1)).port)
+    port = port or DEFAULT_CONNECT_PORT
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    spark = serve(conf, port, args.host)
+    where = "localhost" if args.host == "127.0.0.1" else args.host
+    print(
+        f"Spark Connect server on {args.host}:{port} (Spark {spark.version}); clients set "
+        f'`"spark.remote" = "sc://{where}:{port}"` in [spark] or SPARK_REMOTE. '
+        "Ctrl-C stops it.",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        while not stop.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        pass
+    spark.stop()
+    return 0
 
 
 def _compact(engine: Any, args: argparse.Namespace) -> int:
@@ -235,7 +286,7 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
         for v in report.views:
             print(
                 f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  {v.seconds:>7.2f}  "
-                f"{v.spark_jobs:>10}  {v.status}{': ' + (v.error or v.reason) if v.error or v.reason else ''}"
+                f"{'-' if v.spark_jobs is None else v.spark_jobs:>10}  {v.status}{': ' + (v.error or v.reason) if v.error or v.reason else ''}"
             )
         for q in report.quarantined:
             if q.rows:
@@ -321,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _verify(engine, args)
         if args.command == "compact":
             return _compact(engine, args)
+        if args.command == "spark-server":
+            return _spark_server(engine, args)
         if args.command == "vacuum":
             deleted = engine.vacuum(args.hours)
             for table, n in deleted.items():

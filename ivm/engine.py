@@ -105,7 +105,9 @@ class ViewResult:
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
     inputs_changed: bool = True  # False: nothing it reads changed; only its epoch moved
-    spark_jobs: int = 0  # Spark jobs its refresh ran (arrangements it wrote included)
+    # Spark jobs its refresh ran (arrangements it wrote included); None: not counted (Spark
+    # Connect, whose server's UI lists them by the operation tag ``spark_job_group``)
+    spark_jobs: int | None = 0
     spark_job_group: str | None = None  # their job group in the Spark UI (None: no Spark)
 
     def metadata(self) -> dict[str, Any]:
@@ -122,7 +124,7 @@ class ViewResult:
             "inputs_changed": self.inputs_changed,
             "files_rewritten": self.files_rewritten,
             "log_files_read": self.log_files_read,
-            "spark_jobs": self.spark_jobs,
+            **({"spark_jobs": self.spark_jobs} if self.spark_jobs is not None else {}),
             **({"spark_job_group": self.spark_job_group} if self.spark_job_group else {}),
             **{f"delta_version_{k}": v for k, v in self.commit_versions.items()},
             **{f"seconds_{k}": round(v, 3) for k, v in self.timings.items()},
@@ -790,7 +792,9 @@ class Engine:
         name = self.view(name).name
         with self.job_group(f"view {name}", f"ivm: refresh view {name}") as group:
             result = self._refresh_view(name, rebuild)
-        if group is not None and group.jobs:
+        if group is not None and group.jobs is None:  # Spark Connect: tagged, not counted
+            result.spark_jobs, result.spark_job_group = None, group.id
+        elif group is not None and group.jobs:
             result.spark_jobs, result.spark_job_group = group.jobs, group.id
         return result
 

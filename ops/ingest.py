@@ -38,6 +38,7 @@ from resources.lake import (
     table_file_stats,
     table_files,
 )
+from resources.spark import session_key
 
 
 def read_files(
@@ -288,7 +289,7 @@ def _changes_memo(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
 ) -> _Changes:
     """The memo's entry for the range (read now if missing); the caller holds the lock."""
-    key = (spark.sparkContext.applicationId, source.uri, source.identity(), lower, upper, epoch)
+    key = (session_key(spark), source.uri, source.identity(), lower, upper, epoch)
     found = _MEMO.get(key)
     if found is None:
         found = _MEMO[key] = source_changes(spark, source, lower, upper, epoch)

@@ -28,6 +28,7 @@ produce nothing) and leave the state tables holding the input up to ``new``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import reduce as fold
@@ -51,6 +52,7 @@ from ivm.plan.reduce import (
 )
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
+from resources.spark import is_connect
 
 
 def _c(name: str) -> Column:
@@ -124,6 +126,8 @@ def scan_only(df: DataFrame) -> bool:
     aggregating from it 3.5s, against one vectorized Parquet scan per reader). Rows from the
     driver (a change feed) are kept: a local relation ships its rows with every task of every
     job that reads it."""
+    if is_connect(df.sparkSession):
+        return plan_nodes(df._explain_string(extended=True)) <= _SCAN_NODES
     plan = df._jdf.queryExecution().optimizedPlan()
     stack = [plan]
     while stack:
@@ -133,6 +137,22 @@ def scan_only(df: DataFrame) -> bool:
         children = node.children()
         stack.extend(children.apply(i) for i in range(children.size()))
     return True
+
+
+_PRINTED_NAMES = {"Relation": "LogicalRelation"}
+
+
+def plan_nodes(explained: str) -> set[str]:
+    """The node names of the optimized logical plan in Spark's extended EXPLAIN text (how a
+    Spark Connect client sees a plan): each line's first word once the tree's drawing is
+    stripped, as the JVM's class names. A line that is not a node (a wrapped expression)
+    yields a name no caller expects, so a caller testing for a set of names stays safe."""
+    lines = explained.split("== Optimized Logical Plan ==", 1)[-1].split("\n== ", 1)[0]
+    names = set()
+    for line in lines.strip().splitlines():
+        word = re.split(r"[\s\[(]", line.lstrip(" :+-"), maxsplit=1)[0]
+        names.add(_PRINTED_NAMES.get(word, word))
+    return names
 
 
 def _empty(df: DataFrame) -> bool:

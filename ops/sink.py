@@ -100,7 +100,7 @@ def stage_updates(
     if small and _stage_on_driver(updates, staged_uri, parquet_options or {}):
         crash_point("staged")
         return collect_staged(table_uri, staged_uri)
-    writer = updates.write.mode("errorifexists")
+    writer = updates.write.mode("error")  # (Spark Connect knows no "errorifexists")
     for option, value in (parquet_options or {}).items():
         writer = writer.option(option, value)
     writer.parquet(staged_uri)

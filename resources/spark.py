@@ -1,9 +1,15 @@
-"""The Spark session: its settings, creation, the Java check that precedes it, and the job
-groups that label a thread's Spark jobs (:class:`JobGroup`).
+"""The Spark session: its settings, creation, the Java check that precedes it, the job
+groups that label a thread's Spark jobs (:class:`JobGroup`), and the warm Spark Connect server
+(:func:`serve`).
 
 Owns every Spark setting the engine relies on. The engine holds one session per process; tests
 share one per run; Dagster steps receive it through dagster-pyspark's resource, built from
 :func:`spark_conf` so that ``ivm refresh`` and a Dagster run compute on identical settings.
+
+A session is either *classic* (a JVM started in this process) or a *Spark Connect* client of a
+long-lived server (``spark.remote`` in the project's ``[spark]`` table, or PySpark's
+``SPARK_REMOTE``), which :func:`serve` runs with the same settings: a Dagster run, started in
+a fresh process, then computes on a warm JVM instead of starting and warming up its own.
 
 Contract in ``(data, time, diff)`` terms: none; settings only change how updates are computed
 (e.g. UTC session time zone and microsecond Parquet timestamps keep timestamps exact), and job
@@ -32,6 +38,16 @@ JAVA_HELP = (
 
 class JavaMissingError(IvmError):
     """No usable Java runtime for Spark."""
+
+
+class SparkConnectError(IvmError):
+    """The Spark Connect server a project names (``spark.remote``) does not answer."""
+
+
+REMOTE = "spark.remote"
+"""The setting (or PySpark's ``SPARK_REMOTE`` variable) naming a Spark Connect server."""
+DEFAULT_CONNECT_PORT = 15002
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 
 
 def java_major_version() -> int | None:
@@ -135,26 +151,136 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         ),
     }
     conf.update(overrides or {})
+    if remote_url(overrides) is not None:
+        # A Spark Connect client sets only its session's SQL settings: the server (started by
+        # `serve` with the same settings) owns the JVM, the master and the static ones.
+        conf = {
+            k: v
+            for k, v in conf.items()
+            if k == REMOTE or (k.startswith("spark.sql.") and k not in _STATIC_SQL)
+        }
     return conf
 
 
-def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
-    """The process's Spark session, created on first use with :func:`spark_conf`.
+_STATIC_SQL = frozenset({"spark.sql.codegen.cache.maxEntries"})
+"""Settings of :func:`spark_conf` fixed when the JVM starts (a client cannot set them)."""
+
+
+def check_spark(conf: Mapping[str, str] | None = None) -> None:
+    """Before a session is built from ``conf`` (e.g. by dagster-pyspark's resource): Java 17+
+    for a JVM of this process, or, with ``spark.remote``, a server that answers.
 
     Raises:
-        JavaMissingError: no Java 17+.
+        JavaMissingError: no Java 17+ (classic only).
+        SparkConnectError: the Spark Connect server does not answer.
+    """
+    url = remote_url(conf)
+    if url is None:
+        check_java()
+    else:
+        _check_reachable(url)
+
+
+def remote_url(overrides: Mapping[str, str] | None = None) -> str | None:
+    """The Spark Connect server the session should use: ``spark.remote`` from the project's
+    settings, else PySpark's ``SPARK_REMOTE``; None for a classic session."""
+    return (overrides or {}).get(REMOTE) or os.environ.get("SPARK_REMOTE") or None
+
+
+def is_connect(spark) -> bool:  # spark: SparkSession
+    """Whether ``spark`` is a Spark Connect client (its JVM is a server's, not this process's)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_key(spark) -> str:  # spark: SparkSession
+    """An id that changes when the session does: the application's for a classic session (a
+    restarted JVM is a new one), the server session's for a Spark Connect client."""
+    return spark.session_id if is_connect(spark) else spark.sparkContext.applicationId
+
+
+def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
+    """The process's Spark session, created on first use with :func:`spark_conf`: a Spark
+    Connect client when :func:`remote_url` names a server (the session's SQL settings are
+    set on the server's session; no JVM starts here), else a local JVM.
+
+    Raises:
+        JavaMissingError: no Java 17+ (classic only).
+        SparkConnectError: the server does not answer.
     """
     active = _active_session()
     if active is not None:
         return active
-    check_java()
+    url = remote_url(overrides)
+    if url is None:
+        check_java()
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
     for key, value in spark_conf(overrides).items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if url is None:
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+    return _connect(builder.remote(url), url)
+
+
+def _connect(builder, url: str):  # -> SparkSession
+    """A Spark Connect session from ``builder``; :class:`SparkConnectError` if ``url`` does
+    not answer (PySpark would otherwise retry for about a minute before failing)."""
+    from pyspark.errors import PySparkException
+
+    _check_reachable(url)
+    try:
+        return builder.getOrCreate()
+    except PySparkException as e:
+        raise SparkConnectError(f"Spark Connect server {url}: {e}") from e
+
+
+def _check_reachable(url: str, timeout: float = 5.0) -> None:
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url.replace("sc://", "http://", 1))
+    host, port = parsed.hostname or "localhost", parsed.port or DEFAULT_CONNECT_PORT
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise SparkConnectError(
+            f"the Spark Connect server {url} ({REMOTE}) does not answer: {e}. Start it with "
+            f"`ivm spark-server --port {port}` (or unset {REMOTE} and SPARK_REMOTE to start "
+            "Spark in this process)"
+        ) from e
+
+
+def serve(
+    overrides: Mapping[str, str] | None = None,
+    port: int = DEFAULT_CONNECT_PORT,
+    host: str = "127.0.0.1",
+):  # -> SparkSession
+    """Start this process's Spark with a Spark Connect server on ``host:port`` and the
+    engine's settings (:func:`spark_conf`), and return the classic session that hosts it.
+    Clients (``spark.remote = "sc://host:port"``) each get a session of their own on its JVM,
+    whose compiled code, caches and warm JIT they share. The server lives as long as this
+    process. It has no authentication: by default it listens on the loopback interface only.
+
+    Raises:
+        JavaMissingError: no Java 17+.
+        SparkConnectError: Spark already runs in this process without the server.
+    """
+    settings = {k: v for k, v in (overrides or {}).items() if k != REMOTE}
+    plugins = [p for p in settings.get("spark.plugins", "").split(",") if p]
+    settings["spark.plugins"] = ",".join([*plugins, CONNECT_PLUGIN])
+    settings["spark.connect.grpc.binding.address"] = host
+    settings["spark.connect.grpc.binding.port"] = str(port)
+    env_remote = os.environ.pop("SPARK_REMOTE", None)  # this process is the server
+    try:
+        spark = get_spark(settings)
+    finally:
+        if env_remote is not None:
+            os.environ["SPARK_REMOTE"] = env_remote
+    if CONNECT_PLUGIN not in spark.sparkContext.getConf().get("spark.plugins", ""):
+        raise SparkConnectError("Spark already runs in this process without a Connect server")
     return spark
 
 
@@ -170,12 +296,15 @@ class JobGroup:
     thread to a JVM thread of its own), so views refreshed at once keep their jobs apart; the
     jobs Spark starts on its own threads for a query (broadcasts, adaptive stages) inherit it.
     Opening saves the thread's previous group and closing restores it.
+
+    On Spark Connect the group is an operation tag of the thread (the server's UI lists the
+    operations by tag) and the jobs are not counted: ``jobs`` stays None.
     """
 
     def __init__(self, name: str, description: str) -> None:
-        self.id = f"ivm-{next(_group_numbers)} {name}"
+        self.id = f"ivm-{next(_group_numbers)} {name}".replace(",", ";")  # a tag has no commas
         self.description = description
-        self.jobs = 0
+        self.jobs: int | None = 0
         self._previous: tuple[str | None, ...] | None = None
 
     @property
@@ -183,14 +312,23 @@ class JobGroup:
         return self._previous is not None
 
     def open(self, spark) -> None:  # spark: SparkSession
+        if is_connect(spark):
+            spark.addTag(self.id)
+            self._previous = ()
+            return
         sc = spark.sparkContext
         self._previous = tuple(sc.getLocalProperty(k) for k in _JOB_PROPERTIES)
         sc.setJobGroup(self.id, self.description)
 
-    def close(self, spark) -> int:
-        """Restore the thread's previous group; the number of jobs started in this one."""
+    def close(self, spark) -> int | None:
+        """Restore the thread's previous group; the number of jobs started in this one (None
+        on Spark Connect)."""
         if self._previous is None:
             return 0
+        if is_connect(spark):
+            spark.removeTag(self.id)
+            self._previous, self.jobs = None, None
+            return None
         sc = spark.sparkContext
         _listeners_caught_up(sc)
         self.jobs = len(sc.statusTracker().getJobIdsForGroup(self.id))

@@ -7,6 +7,7 @@ without a JVM.
 from __future__ import annotations
 
 import os
+import socket
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,13 +38,30 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONNECT_PORT = _free_port()
+"""The shared session also serves Spark Connect here (as ``ivm spark-server`` does), so tests
+can run the engine in a fresh process that computes on it (see ``spark_connect_url``)."""
+
+
 @pytest.fixture(scope="session")
 def spark():
-    from resources.spark import get_spark
+    from resources.spark import serve
 
-    session = get_spark(TEST_SPARK_CONF)
+    session = serve(TEST_SPARK_CONF, port=CONNECT_PORT)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_url(spark) -> str:
+    """The shared session's Spark Connect address."""
+    return f"sc://localhost:{CONNECT_PORT}"
 
 
 ProjectFactory = Callable[..., Path]
