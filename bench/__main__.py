@@ -16,7 +16,8 @@
    state files each refresh opened; stored bytes against the raw
    Parquet bytes of the same columns, before and after ``ivm compact``; at SF1 (else the
    largest scale), the latency from a source commit to all views committed through the
-   Dagster sensor, with the run in process and in a fresh process (as deployed).
+   Dagster sensor, with the run in process, in a fresh process with its own JVM, and in a
+   fresh process on a warm Spark Connect server (the two ways a deployment can run it).
 
 Every scale gets the same absolute change: ``--change`` of SF1's orders per kind (the issue's
 "size of SF1's 0.1% batch"), so SF0.1 changes 1% of its orders and SF3 0.033%.
@@ -95,14 +96,18 @@ class ScaleResult:
         return statistics.median(getattr(p, attr) for p in self.points)
 
 
-def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str, dict[str, float]]:
-    """From a source commit to every view committed, through the Dagster sensor, twice: one
-    tick evaluated right after the commit, then the run it requests, executed
+def sensor_latency(
+    config: Path, sources, change: float, seed: int, connect_url: str
+) -> dict[str, dict[str, float]]:
+    """From a source commit to every view committed, through the Dagster sensor, three ways:
+    one tick evaluated right after the commit, then the run it requests, executed
 
     - ``warm``: in process (the bench's warm Spark session), the floor;
     - ``fresh``: in a new process (``dagster job execute``), as a deployed Dagster's run
       launcher starts every run: Python, Dagster and a Spark JVM start, and the refresh runs
-      on a cold JVM (its code not yet compiled).
+      on a cold JVM (its code not yet compiled);
+    - ``server``: in a new process as well, but a Spark Connect client (``SPARK_REMOTE``) of
+      a long-lived server, here the bench's own warm session (``ivm spark-server`` deployed).
 
     A deployed sensor adds up to its polling interval. Each way applies its own batch."""
     import dagster as dg
@@ -116,7 +121,7 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
     instance = dg.DagsterInstance.ephemeral()
     interval = float(sensor.minimum_interval_seconds or 30)
     out = {}
-    for way in ("warm", "fresh"):
+    for way in SENSOR_WAYS:
         before = _engine(config).latest_epoch()  # read before the clock starts
         apply_change_batch(sources, change, seed=seed + len(out))
         committed = time.perf_counter()
@@ -129,7 +134,9 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
             if not run.success:
                 raise SystemExit("the sensor's run failed")
         else:
-            _run_in_fresh_process(config, REFRESH_JOB, tags)
+            _run_in_fresh_process(
+                config, REFRESH_JOB, tags, connect_url if way == "server" else None
+            )
         done = time.perf_counter()
         _check_all_views_at(config, before + 1)
         out[way] = {
@@ -141,13 +148,27 @@ def sensor_latency(config: Path, sources, change: float, seed: int) -> dict[str,
     return out
 
 
-def _run_in_fresh_process(config: Path, job: str, tags: dict[str, str]) -> None:
+SENSOR_WAYS = {
+    "warm": "in process, warm",
+    "fresh": "fresh process, its own JVM",
+    "server": "fresh process, warm Spark Connect server",
+}
+"""How the sensor's run is executed (see :func:`sensor_latency`), as BENCHMARKS.md names them."""
+
+
+def _run_in_fresh_process(
+    config: Path, job: str, tags: dict[str, str], remote: str | None = None
+) -> None:
     """``dagster job execute`` of the code location's ``job`` on the project ``config``, in a
-    new process with a Dagster instance of its own."""
+    new process with a Dagster instance of its own; a Spark Connect client of ``remote`` if
+    given, else with a JVM of its own."""
     from ivm.config import CONFIG_ENV
 
     with tempfile.TemporaryDirectory(prefix="ivm-bench-dagster-") as home:
         env = {**os.environ, CONFIG_ENV: str(config), "DAGSTER_HOME": home}
+        env.pop("SPARK_REMOTE", None)
+        if remote is not None:
+            env["SPARK_REMOTE"] = remote
         cmd = [
             sys.executable, "-m", "dagster", "job", "execute",
             "-m", "dagster_project.definitions", "-j", job, "--tags", json.dumps(tags),
@@ -156,6 +177,14 @@ def _run_in_fresh_process(config: Path, job: str, tags: dict[str, str]) -> None:
     if proc.returncode != 0:
         output = (proc.stdout + proc.stderr)[-4000:]
         raise SystemExit(f"the sensor's run failed in a fresh process:\n{output}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
@@ -274,8 +303,10 @@ def run_scale(
     *,
     parallelism: int,
     seed0: int = 1,
-    sensor: bool = False,
+    sensor: str | None = None,
 ) -> ScaleResult:
+    """One scale factor's build, batches, checks and storage; with ``sensor`` (the bench's
+    Spark Connect address) also the sensor's latency."""
     from bench.scans import ScanRows
     from demo.tpch import apply_change_batch
     from ivm.compact import compact, storage_report
@@ -325,12 +356,12 @@ def run_scale(
     say(f"    compacted in {result.compact_seconds:.1f}s")
     check_views(engine, f"SF {scale:g} after compaction")
     if sensor:
-        result.sensor = sensor_latency(config, sources, change, seed0 + runs)
-        warm, fresh = result.sensor["warm"], result.sensor["fresh"]
+        result.sensor = sensor_latency(config, sources, change, seed0 + runs, sensor)
+        times = ", ".join(f"{result.sensor[w]['total']:.1f}s {SENSOR_WAYS[w]}" for w in SENSOR_WAYS)
+        interval = result.sensor["warm"]["interval"]
         say(
-            f"    sensor: source commit -> all views committed {warm['total']:.1f}s in process, "
-            f"{fresh['total']:.1f}s in a fresh process (+ up to the {warm['interval']:.0f}s "
-            "polling interval)"
+            f"    sensor: source commit -> all views committed: {times} (+ up to the "
+            f"{interval:.0f}s polling interval)"
         )
     return result
 
@@ -499,17 +530,19 @@ def write_markdown(
         lines += [
             "",
             "End-to-end latency through the Dagster sensor: one tick evaluated right after the "
-            "source commit, then the run it requests, executed either in the bench's warm Spark "
-            "session (the floor) or in a fresh process (`dagster job execute`), as a deployed "
-            "Dagster's run launcher starts every run: Python, Dagster and a Spark JVM start, "
-            "and the refresh runs on a cold JVM. A deployed sensor adds up to its polling "
-            "interval. Each way applies its own batch.",
+            "source commit, then the run it requests, executed in the bench's warm Spark "
+            "session (the floor), or in a fresh process (`dagster job execute`), as a deployed "
+            "Dagster's run launcher starts every run: Python and Dagster start, and either a "
+            "Spark JVM of its own, on which the refresh runs cold, or a Spark Connect client "
+            "of a long-lived warm server (`ivm spark-server`; here the bench's session serves "
+            "it). A deployed sensor adds up to its polling interval. Each way applies its own "
+            "batch.",
             "",
             "| SF | run executed | tick | run | commit -> all views committed | polling interval |",
             "|---:|---|---:|---:|---:|---:|",
         ]
         for r in with_sensor:
-            for way, label in (("warm", "in process, warm"), ("fresh", "fresh process")):
+            for way, label in SENSOR_WAYS.items():
                 t = r.sensor[way]
                 lines.append(
                     f"| {r.scale:g} | {label} | {t['tick']:.1f}s | {t['run']:.1f}s | "
@@ -665,9 +698,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
 
-    from resources.spark import get_spark
+    from resources.spark import serve
 
-    spark = get_spark({"spark.sql.shuffle.partitions": "4"})
+    port = _free_port()
+    spark = serve({"spark.sql.shuffle.partitions": "4"}, port=port)
     results = []
     scales = [float(s) for s in args.scales.split(",") if s]
     sensor_at = REFERENCE_SCALE if REFERENCE_SCALE in scales else max(scales)
@@ -681,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
                 change,
                 spark,
                 parallelism=args.parallelism,
-                sensor=scale == sensor_at,
+                sensor=f"sc://localhost:{port}" if scale == sensor_at else None,
             )
         )
     swept = []
