@@ -179,14 +179,6 @@ def _run_in_fresh_process(
         raise SystemExit(f"the sensor's run failed in a fresh process:\n{output}")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
     """A fresh engine on the project ``config``: it sees what another process committed."""
     from ivm.config import load_project
@@ -698,9 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
 
-    from resources.spark import serve
+    from resources.spark import free_port, serve
 
-    port = _free_port()
+    port = free_port()
     spark = serve({"spark.sql.shuffle.partitions": "4"}, port=port)
     results = []
     scales = [float(s) for s in args.scales.split(",") if s]

@@ -253,6 +253,15 @@ def _check_reachable(url: str, timeout: float = 5.0) -> None:
         ) from e
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for a server started on the fly (tests, bench)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def serve(
     overrides: Mapping[str, str] | None = None,
     port: int = DEFAULT_CONNECT_PORT,

@@ -7,12 +7,13 @@ without a JVM.
 from __future__ import annotations
 
 import os
-import socket
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+
+from resources.spark import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
@@ -38,13 +39,7 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-goldens"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-CONNECT_PORT = _free_port()
+CONNECT_PORT = free_port()
 """The shared session also serves Spark Connect here (as ``ivm spark-server`` does), so tests
 can run the engine in a fresh process that computes on it (see ``spark_connect_url``)."""
 

@@ -17,7 +17,14 @@ import pytest
 
 from ivm.engine import Engine
 from ops.reduce import plan_nodes
-from resources.spark import CONNECT_PLUGIN, JobGroup, SparkConnectError, check_spark, spark_conf
+from resources.spark import (
+    CONNECT_PLUGIN,
+    JobGroup,
+    SparkConnectError,
+    check_spark,
+    free_port,
+    spark_conf,
+)
 from tests.lakegen import JoinLake
 from tests.test_joins import VIEWS as JOIN_VIEWS
 from tests.test_oracle import check_all
@@ -67,12 +74,8 @@ def test_a_client_sends_its_session_settings_only(monkeypatch) -> None:
         assert set(conf) <= {"spark.remote"} | {k for k in local if k.startswith("spark.sql.")}
 
 
-def test_a_server_that_does_not_answer_is_named(monkeypatch) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_a_server_that_does_not_answer_is_named() -> None:
+    port = free_port()  # nothing listens on it
     url = f"sc://localhost:{port}"
     with pytest.raises(SparkConnectError, match=f"{url}.*ivm spark-server --port {port}"):
         check_spark({"spark.remote": url})
