@@ -351,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from ivm.engine import Engine
 
+    engine: Engine | None = None
     try:
         show_progress = args.command in ("refresh", "compact") and not args.quiet or args.verbose
         progress = (lambda m: print(m, file=sys.stderr, flush=True)) if show_progress else None
@@ -384,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IvmError as e:
         print(f"ivm: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if engine is not None:
+            engine.release_spark()  # `entry` exits without running atexit handlers
 
 
 def entry() -> None:

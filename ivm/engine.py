@@ -263,6 +263,10 @@ class Engine:
         self.project = project if isinstance(project, Project) else load_project(project)
         self.layout = LakeLayout(self.project.lake)
         self._spark = spark
+        if spark is not None:
+            from resources.spark import release_at_exit
+
+            release_at_exit(spark)  # a Spark Connect session: released on its server at exit
         self.progress: Progress = progress or (lambda msg: log.info(msg))
         self.measure_lookups = measure_lookups
         self._contracts: dict[str, Contract] = {}
@@ -471,6 +475,15 @@ class Engine:
         if group is not None and not group.opened:  # the session started inside the group
             group.open(self._spark)
         return self._spark
+
+    def release_spark(self) -> None:
+        """Release a Spark Connect session on its server now (nothing for a classic session,
+        whose JVM ends with this process); for a process that ends without running ``atexit``
+        handlers."""
+        if self._spark is not None:
+            from resources.spark import release
+
+            release(self._spark)
 
     @contextmanager
     def job_group(self, name: str, description: str) -> Iterator[JobGroup | None]:

@@ -18,6 +18,7 @@ groups only name and count the jobs that compute them.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import re
@@ -226,15 +227,47 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
 
 
 def _connect(builder, url: str):  # -> SparkSession
-    """A Spark Connect session from ``builder``; :class:`SparkConnectError` if ``url`` does
-    not answer (PySpark would otherwise retry for about a minute before failing)."""
+    """A Spark Connect session from ``builder``, released at exit (:func:`release_at_exit`);
+    :class:`SparkConnectError` if ``url`` does not answer (PySpark would otherwise retry for
+    about a minute before failing)."""
     from pyspark.errors import PySparkException
 
     _check_reachable(url)
     try:
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
     except PySparkException as e:
         raise SparkConnectError(f"Spark Connect server {url}: {e}") from e
+    release_at_exit(spark)
+    return spark
+
+
+_releasing: set[str] = set()
+
+
+def release_at_exit(spark) -> None:  # spark: SparkSession
+    """Release a Spark Connect session on its server when this process exits (nothing for a
+    classic one). A session the client leaves open keeps, on the server, every DataFrame it
+    checkpointed until the server's idle timeout (an hour by default): a server serving a run
+    every few minutes would hold many."""
+    if is_connect(spark) and spark.session_id not in _releasing:
+        _releasing.add(spark.session_id)
+        atexit.register(release, spark)
+
+
+def release(spark) -> None:  # spark: SparkSession
+    """Release a Spark Connect session on its server now, if the server still answers (a dead
+    server has nothing to release, and the client would retry for minutes)."""
+    from pyspark.errors import PySparkException
+
+    if not is_connect(spark) or spark.is_stopped:
+        return
+    endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", None)
+    try:
+        if endpoint is not None:
+            _check_reachable(f"sc://{endpoint}", timeout=1.0)
+        spark.stop()
+    except (SparkConnectError, PySparkException, OSError):
+        return
 
 
 def _check_reachable(url: str, timeout: float = 5.0) -> None:

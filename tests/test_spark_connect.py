@@ -118,9 +118,10 @@ VIEWS = {
 def test_dagster_run_in_a_fresh_process_computes_on_the_server(
     spark, spark_connect_url, make_project, tmp_path
 ) -> None:
-    """The refresh job in a new process (as Dagster's run launcher starts each run), with no
-    Java it could start: it must compute on the server. After the build and each batch of
-    changes every view equals DuckDB's result and its diff log sums to its table."""
+    """The refresh job in a new process (as Dagster's run launcher starts each run), then
+    ``ivm refresh``, with no Java they could start: they must compute on the server. After the
+    build and each batch of changes every view equals DuckDB's result and its diff log sums
+    to its table, and the server holds no session of the finished process."""
     assert CONNECT_PLUGIN in spark.conf.get("spark.plugins")
     lake = JoinLake(tmp_path / "data", 11)
     root = make_project(VIEWS, lake.create(), f'[spark]\n"spark.remote" = "{spark_connect_url}"')
@@ -140,13 +141,22 @@ def test_dagster_run_in_a_fresh_process_computes_on_the_server(
         sys.executable, "-m", "dagster", "job", "execute",
         "-m", "dagster_project.definitions", "-j", "ivm_refresh", "--tags", json.dumps({}),
     ]  # fmt: skip
+    ivm = [str(Path(sys.executable).parent / "ivm"), "-q", "--project", str(root), "refresh"]
     engine = Engine(root, spark=spark)
-    for epoch in (1, 2, 3):
+    for epoch, run in ((1, cmd), (2, cmd), (3, cmd), (4, ivm)):
         if epoch > 1:
             lake.random_batch()
-        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(run, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         status = engine.status()
         assert status["epoch"] == epoch
         assert {v["epoch"] for v in status["views"].values()} == {epoch}
         check_all(engine)
+        # The run released its session: the server keeps nothing of it.
+        assert connect_sessions(spark) == 0
+
+
+def connect_sessions(spark) -> int:
+    """Client sessions the test session's Spark Connect server holds (an internal API)."""
+    service = getattr(spark._jvm.org.apache.spark.sql.connect.service, "SparkConnectService$")
+    return service.__getattr__("MODULE$").sessionManager().listActiveSessions().size()
