@@ -263,6 +263,7 @@ class Engine:
         self.project = project if isinstance(project, Project) else load_project(project)
         self.layout = LakeLayout(self.project.lake)
         self._spark = spark
+        self._spark_announced = False  # progress says once where Spark computes
         if spark is not None:
             from resources.spark import release_at_exit
 
@@ -471,6 +472,11 @@ class Engine:
                 from resources.spark import get_spark
 
                 self._spark = get_spark(self.project.spark_conf)
+            if not self._spark_announced:
+                from resources.spark import describe_session
+
+                self._spark_announced = True
+                self.progress(f"computing on {describe_session(self._spark)}")
         group = getattr(self._thread, "group", None)
         if group is not None and not group.opened:  # the session started inside the group
             group.open(self._spark)

@@ -199,6 +199,15 @@ def session_key(spark) -> str:  # spark: SparkSession
     return spark.session_id if is_connect(spark) else spark.sparkContext.applicationId
 
 
+def describe_session(spark) -> str:  # spark: SparkSession
+    """Where a session computes, for logs: this process's JVM or a Spark Connect server."""
+    if is_connect(spark):
+        endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", "?")
+        return f"Spark {spark.version} on the Spark Connect server {endpoint}"
+    sc = spark.sparkContext
+    return f"Spark {spark.version} in this process's JVM ({sc.master}, {sc.applicationId})"
+
+
 def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
     """The process's Spark session, created on first use with :func:`spark_conf`: a Spark
     Connect client when :func:`remote_url` names a server (the session's SQL settings are

@@ -148,6 +148,9 @@ def test_dagster_run_in_a_fresh_process_computes_on_the_server(
             lake.random_batch()
         proc = subprocess.run(run, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        if run is cmd:  # the run's log says where it computed
+            where = spark_connect_url.removeprefix("sc://")
+            assert f"on the Spark Connect server {where}" in proc.stdout + proc.stderr
         status = engine.status()
         assert status["epoch"] == epoch
         assert {v["epoch"] for v in status["views"].values()} == {epoch}
