@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
         "spark.remote (a Dagster run, `ivm refresh`) compute on it instead of starting a JVM",
     )
     sv.add_argument(
+        "--warm-up",
+        action="store_true",
+        help="once serving, verify every view on the server (reads only): the first run after "
+        "a start then finds compiled code (SF1: its refresh 26s instead of 37-42s)",
+    )
+    sv.add_argument(
         "--host",
         default="127.0.0.1",
         help="interface to listen on (127.0.0.1; the server has no authentication: expose it "
@@ -192,6 +199,8 @@ def _spark_server(engine: Any, args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if args.warm_up:
+        threading.Thread(target=warm_up, args=(engine.project, spark), daemon=True).start()
     try:
         while not stop.wait(3600):
             pass
@@ -199,6 +208,33 @@ def _spark_server(engine: Any, args: argparse.Namespace) -> int:
         pass
     spark.stop()
     return 0
+
+
+def warm_up(project: Any, spark: Any) -> list[Any]:
+    """Verify every view on ``spark`` (reads only: nothing is written), so that a server's
+    JVM compiles the code of scans, joins and aggregates before its first client needs it;
+    returns the :class:`~ivm.engine.VerifyResult` of each view that could be verified. Runs
+    beside the clients (they are served meanwhile); a view that cannot be verified (not built
+    yet, broken) is skipped, named."""
+    from ivm.engine import Engine
+
+    def say(message: str) -> None:
+        print(f"warm-up: {message}", file=sys.stderr, flush=True)
+
+    engine = Engine(project, spark=spark, progress=lambda m: None)
+    started = time.perf_counter()
+    results = []
+    for name in engine.plan.order:
+        try:
+            results.append(engine.verify(name))
+        except IvmError as e:
+            say(f"{name} skipped: {e}")
+    differ = [r.view for r in results if not r.ok]
+    say(
+        f"{len(results)} views verified in {time.perf_counter() - started:.1f}s"
+        + (f"; they differ from their SQL: {', '.join(differ)} (`ivm verify`)" if differ else "")
+    )
+    return results
 
 
 def _compact(engine: Any, args: argparse.Namespace) -> int:

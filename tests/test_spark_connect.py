@@ -163,3 +163,23 @@ def connect_sessions(spark) -> int:
     """Client sessions the test session's Spark Connect server holds (an internal API)."""
     service = getattr(spark._jvm.org.apache.spark.sql.connect.service, "SparkConnectService$")
     return service.__getattr__("MODULE$").sessionManager().listActiveSessions().size()
+
+
+@pytest.mark.spark
+def test_warm_up_verifies_every_view_and_writes_nothing(spark, make_project, tmp_path) -> None:
+    """``ivm spark-server --warm-up``: every built view verified on the server's session; a
+    view not built yet is skipped; not one table of the lake gets a new version."""
+    from deltalake import DeltaTable
+
+    from ivm.cli import warm_up
+
+    lake = JoinLake(tmp_path / "data", 3)
+    root = make_project(VIEWS, lake.create())
+    engine = Engine(root, spark=spark)
+    built = [v for v in engine.plan.order if v != "top_lines"]
+    assert engine.refresh(built).ok
+    versions = {uri: DeltaTable(uri).version() for uri in engine.lake_tables()}
+    results = warm_up(engine.project, spark)
+    assert sorted(r.view for r in results) == sorted(built)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    assert {uri: DeltaTable(uri).version() for uri in engine.lake_tables()} == versions
