@@ -180,14 +180,12 @@ def _spark_server(engine: Any, args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM), then stop Spark."""
     import signal
     import threading
-    from urllib.parse import urlparse
 
-    from resources.spark import remote_url, serve
+    from resources.spark import remote_address, remote_url, serve
 
     conf = engine.project.spark_conf
     url = remote_url(conf)
-    port = args.port or (url and urlparse(url.replace("sc://", "http://", 1)).port)
-    port = port or DEFAULT_CONNECT_PORT
+    port = args.port or (remote_address(url)[1] if url else DEFAULT_CONNECT_PORT)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     spark = serve(conf, port, args.host)

@@ -279,12 +279,18 @@ def release(spark) -> None:  # spark: SparkSession
         return
 
 
-def _check_reachable(url: str, timeout: float = 5.0) -> None:
-    import socket
+def remote_address(url: str) -> tuple[str, int]:
+    """Host and port of a Spark Connect URL (``sc://host[:port][/;params]``)."""
     from urllib.parse import urlparse
 
     parsed = urlparse(url.replace("sc://", "http://", 1))
-    host, port = parsed.hostname or "localhost", parsed.port or DEFAULT_CONNECT_PORT
+    return parsed.hostname or "localhost", parsed.port or DEFAULT_CONNECT_PORT
+
+
+def _check_reachable(url: str, timeout: float = 5.0) -> None:
+    import socket
+
+    host, port = remote_address(url)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:

@@ -23,6 +23,7 @@ from resources.spark import (
     SparkConnectError,
     check_spark,
     free_port,
+    remote_address,
     spark_conf,
 )
 from tests.lakegen import JoinLake
@@ -79,6 +80,12 @@ def test_a_server_that_does_not_answer_is_named() -> None:
     url = f"sc://localhost:{port}"
     with pytest.raises(SparkConnectError, match=f"{url}.*ivm spark-server --port {port}"):
         check_spark({"spark.remote": url})
+
+
+def test_remote_addresses() -> None:
+    assert remote_address("sc://h:15010") == ("h", 15010)
+    assert remote_address("sc://h/;token=x") == ("h", 15002)
+    assert remote_address("sc://127.0.0.1:1/;use_ssl=true") == ("127.0.0.1", 1)
 
 
 def test_job_group_names_are_valid_tags() -> None:
