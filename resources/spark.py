@@ -199,11 +199,15 @@ def session_key(spark) -> str:  # spark: SparkSession
     return spark.session_id if is_connect(spark) else spark.sparkContext.applicationId
 
 
+def _endpoint(spark) -> str | None:  # spark: a Spark Connect SparkSession
+    """``host:port`` of a Spark Connect client's server (None if PySpark hides it)."""
+    return getattr(getattr(spark.client, "_builder", None), "endpoint", None)
+
+
 def describe_session(spark) -> str:  # spark: SparkSession
     """Where a session computes, for logs: this process's JVM or a Spark Connect server."""
     if is_connect(spark):
-        endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", "?")
-        return f"Spark {spark.version} on the Spark Connect server {endpoint}"
+        return f"Spark {spark.version} on the Spark Connect server {_endpoint(spark) or '?'}"
     sc = spark.sparkContext
     return f"Spark {spark.version} in this process's JVM ({sc.master}, {sc.applicationId})"
 
@@ -270,7 +274,7 @@ def release(spark) -> None:  # spark: SparkSession
 
     if not is_connect(spark) or spark.is_stopped:
         return
-    endpoint = getattr(getattr(spark.client, "_builder", None), "endpoint", None)
+    endpoint = _endpoint(spark)
     try:
         if endpoint is not None:
             _check_reachable(f"sc://{endpoint}", timeout=1.0)
