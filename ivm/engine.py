@@ -101,7 +101,10 @@ class ViewResult:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     log_files_read: int = 0
+    # The readable table's files that held deleted rows, rewritten without them (copy on
+    # write), and the rows those files held: the part of a refresh that grows with the table.
     files_rewritten: int = 0
+    rows_rewritten: int = 0
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
     inputs_changed: bool = True  # False: nothing it reads changed; only its epoch moved
@@ -123,6 +126,7 @@ class ViewResult:
             **({"reason": self.reason} if self.reason else {}),
             "inputs_changed": self.inputs_changed,
             "files_rewritten": self.files_rewritten,
+            "table_rows_rewritten": self.rows_rewritten,
             "log_files_read": self.log_files_read,
             **({"spark_jobs": self.spark_jobs} if self.spark_jobs is not None else {}),
             **({"spark_job_group": self.spark_job_group} if self.spark_job_group else {}),
@@ -934,6 +938,7 @@ class Engine:
         result.inserted, result.deleted = change.inserted, change.deleted
         result.rows_changed = change.inserted + change.deleted
         result.files_rewritten = change.files_rewritten
+        result.rows_rewritten = change.rows_rewritten
         result.seconds = time.perf_counter() - started
         self.progress(
             f"{name}: epoch {table_done} -> {target}: +{change.inserted} -{change.deleted} rows "

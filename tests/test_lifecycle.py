@@ -593,15 +593,26 @@ def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
     assert (big.inserted, big.deleted, big.files_rewritten) == (3, 0, 0)
     assert before < set(DeltaTable(table).file_uris())  # the old files stay as they were
     assert_correct(engine)
+    held = _file_rows(table)
     DeltaTable(src).delete("k = 5")
     write_deltalake(src, rows((7, "a", 70)), mode="append")
     report = engine.refresh()
     # Deletions: counted (on the driver: the log files' row counts bound the change), and
-    # their files rewritten.
+    # their files rewritten; the result says how many and how many rows they held.
     assert report.ok and counted and set(counted) == {"_summary_local"}
     big = next(v for v in report.views if v.view == "big")
     assert (big.inserted, big.deleted) == (1, 2)
+    replaced = set(held) - set(_file_rows(table))
+    assert replaced and big.files_rewritten == len(replaced)
+    assert big.rows_rewritten == sum(held[f] for f in replaced) >= 2
+    assert big.metadata()["table_rows_rewritten"] == big.rows_rewritten
     assert_correct(engine)
+
+
+def _file_rows(uri: str) -> dict[str, int]:
+    """A Delta table's current files and the rows each holds."""
+    adds = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
+    return {a["path"]: a["num_records"] for a in adds}
 
 
 def _jobs_run_by(spark, block) -> int:
