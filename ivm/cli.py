@@ -316,10 +316,14 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
         if report.minted is None:
             print(f"no source changed since epoch {engine.latest_epoch()}")
         width = max([len(v.view) for v in report.views] + [4])
-        print(f"{'view'.ljust(width)}  epoch  rows changed  seconds  spark jobs  status")
+        print(
+            f"{'view'.ljust(width)}  epoch  rows changed  table rows rewritten  seconds  "
+            "spark jobs  status"
+        )
         for v in report.views:
             print(
-                f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  {v.seconds:>7.2f}  "
+                f"{v.view.ljust(width)}  {v.epoch:>5}  {v.rows_changed:>12}  "
+                f"{v.rows_rewritten:>20}  {v.seconds:>7.2f}  "
                 f"{'-' if v.spark_jobs is None else v.spark_jobs:>10}  {v.status}{': ' + (v.error or v.reason) if v.error or v.reason else ''}"
             )
         for q in report.quarantined:

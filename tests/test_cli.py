@@ -136,7 +136,8 @@ def test_refresh_then_show_explain_status_without_spark(spark, make_project, ord
     root = make_project(GOOD_VIEW, {"orders": orders})
     code, out, _ = run(capsys, "--project", str(root), "refresh")
     assert code == 0
-    assert "open_orders      1             3" in out and "built" in out
+    assert "rows changed  table rows rewritten  seconds" in out
+    assert "open_orders      1             3                     0" in out and "built" in out
     assert "same_price       1             1" in out
     code, out, _ = run(capsys, "--project", str(root), "refresh", "--json")
     assert code == 0 and json.loads(out)["views"]["open_orders"]["status"] == "up-to-date"
