@@ -625,8 +625,9 @@ def _time_table(results: list[ScaleResult]) -> list[str]:
 
     lines = [
         f"Where an SF {ref.scale:g} refresh's time goes, per view (medians): its seconds (views "
-        "run several at once on 2 cores, so they add up to more than the refresh), split into computing and logging its updates (*log*: lookups, state, the "
-        "diff-log commit; arrangements it is the first to need) and applying them to its "
+        "run several at once on 2 cores, so they add up to more than the refresh), split into "
+        "computing and logging its updates (*log*: lookups, state, the diff-log commit; "
+        "arrangements it is the first to need) and applying them to its "
         "readable table (*table*: files holding a deleted row are rewritten without it, copy "
         "on write, as Delta without deletion vectors requires), with the rows it changed and "
         "the rows of the table files it rewrote:",
@@ -650,8 +651,8 @@ def _time_table(results: list[ScaleResult]) -> list[str]:
         "|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        table, total = _view_seconds(r, "table"), _view_seconds(r, "seconds")
-        changed = statistics.median(sum(v["changed"] for v in p.views.values()) for p in r.points)
+        table, total = _views_total(r, "table"), _views_total(r, "seconds")
+        changed = _views_total(r, "changed")
         lines.append(
             f"| {r.scale:g} | {table:.1f} / {total:.1f} | {table / total if total else 0:.0%} | "
             f"{r.median('table_rows_rewritten'):,.0f} | {changed:,.0f} |"
@@ -659,14 +660,14 @@ def _time_table(results: list[ScaleResult]) -> list[str]:
     return [*lines, ""]
 
 
-def _view_seconds(r: ScaleResult, key: str) -> float:
-    """A per-view figure summed over the views, median over a scale's runs."""
+def _views_total(r: ScaleResult, key: str) -> float:
+    """A per-view figure (:func:`_view_costs`) summed over the views, median over the runs."""
     return statistics.median(sum(v[key] for v in p.views.values()) for p in r.points)
 
 
 def _refresh_gap(r: ScaleResult) -> str:
     """What stands between a scale's refresh and 10x Spark's full recompute, from its runs."""
-    table, total = _view_seconds(r, "table"), _view_seconds(r, "seconds")
+    table, total = _views_total(r, "table"), _views_total(r, "seconds")
     jobs, full_jobs = r.median("spark_jobs"), r.median("full_jobs")
     full, inc = r.median("spark_full"), r.median("incremental")
     return (
@@ -678,8 +679,8 @@ def _refresh_gap(r: ScaleResult) -> str:
         f"{table / total if total else 0:.0%} of "
         f"the views' seconds go to rewriting readable-table files that hold a deleted row "
         f"({r.median('table_rows_rewritten'):,.0f} rows rewritten per refresh), a cost that "
-        "grows with the tables (the readable tables' part, above) and that Delta deletion vectors would remove; "
-        "delta-rs, which commits here, can neither write nor read them."
+        "grows with the tables (the readable tables' part, above) and that Delta deletion "
+        "vectors would remove; delta-rs, which commits here, can neither write nor read them."
     )
 
 
