@@ -77,11 +77,6 @@ class Point:
     views: dict[str, dict[str, float]] = field(default_factory=dict)  # incremental, per view
 
     @property
-    def table_rows_rewritten(self) -> int:
-        """Rows of the readable tables' files rewritten (copy on write), all views."""
-        return int(sum(v["rewritten"] for v in self.views.values()))
-
-    @property
     def scanned(self) -> int:
         """Rows the incremental refresh's scans returned, all areas."""
         return sum(self.read.values())
@@ -655,7 +650,7 @@ def _time_table(results: list[ScaleResult]) -> list[str]:
         changed = _views_total(r, "changed")
         lines.append(
             f"| {r.scale:g} | {table:.1f} / {total:.1f} | {table / total if total else 0:.0%} | "
-            f"{r.median('table_rows_rewritten'):,.0f} | {changed:,.0f} |"
+            f"{_views_total(r, 'rewritten'):,.0f} | {changed:,.0f} |"
         )
     return [*lines, ""]
 
@@ -678,7 +673,7 @@ def _refresh_gap(r: ScaleResult) -> str:
         f"full recompute's {r.median('full_read'):,.0f}; and "
         f"{table / total if total else 0:.0%} of "
         f"the views' seconds go to rewriting readable-table files that hold a deleted row "
-        f"({r.median('table_rows_rewritten'):,.0f} rows rewritten per refresh), a cost that "
+        f"({_views_total(r, 'rewritten'):,.0f} rows rewritten per refresh), a cost that "
         "grows with the tables (the readable tables' part, above) and that Delta deletion "
         "vectors would remove; delta-rs, which commits here, can neither write nor read them."
     )

@@ -224,9 +224,8 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
     active = _active_session()
     if active is not None:
         return active
+    check_spark(overrides)
     url = remote_url(overrides)
-    if url is None:
-        check_java()
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
@@ -240,12 +239,11 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
 
 
 def _connect(builder, url: str):  # -> SparkSession
-    """A Spark Connect session from ``builder``, released at exit (:func:`release_at_exit`);
-    :class:`SparkConnectError` if ``url`` does not answer (PySpark would otherwise retry for
-    about a minute before failing)."""
+    """A Spark Connect session from ``builder`` (whose server :func:`check_spark` found
+    answering: PySpark would otherwise retry for about a minute before failing), released at
+    exit (:func:`release_at_exit`)."""
     from pyspark.errors import PySparkException
 
-    _check_reachable(url)
     try:
         spark = builder.getOrCreate()
     except PySparkException as e:
