@@ -978,14 +978,20 @@ class Engine:
     def _columns_read(self, plan: ViewPlan, source: str) -> tuple[str, ...]:
         """The source's columns a view reads (after demand analysis), and those its contract's
         row check reads: an update that keeps them all keeps what the view sees."""
+        return self._checked_columns(
+            source, [c for g in plan.gets if g.collection == source for c in g.columns]
+        )
+
+    def _checked_columns(self, source: str, columns: Sequence[str]) -> tuple[str, ...]:
+        """``columns`` of a source and those its contract's row check reads."""
         from ivm.plan.ir import referenced_columns
 
-        columns = {c for g in plan.gets if g.collection == source for c in g.columns}
+        out = set(columns)
         contract = self._contract(source)
         check = None if contract is None else contract.predicate()
         if check is not None:
-            columns |= {c.lower() for c in referenced_columns(check)}
-        return tuple(sorted(columns))
+            out |= {c.lower() for c in referenced_columns(check)}
+        return tuple(sorted(out))
 
     def input_change(self, plan: ViewPlan, done: int, target: int) -> tuple[int, int]:
         """How many updates a view's inputs give in ``(done, target]``, and how many rows they
@@ -1097,9 +1103,12 @@ class Engine:
     def _epoch_map(self) -> dict[int, EpochRecord]:
         return {e.epoch: e for e in self.epochs()}
 
-    def _collection_updates(self, coll: str, done: int, target: int):
+    def _collection_updates(
+        self, coll: str, done: int, target: int, columns: Sequence[str] | None = None
+    ):
         """A source's or view's updates in ``(done, target]``; its snapshot at ``target``
-        (as updates at ``target``) when ``done`` is 0."""
+        (as updates at ``target``) when ``done`` is 0. ``columns``: what the reader needs of a
+        source (see :meth:`_source_updates`); a view's updates come with every column."""
         from ops.ingest import view_changes, view_state
 
         spark = self.spark
@@ -1117,12 +1126,21 @@ class Engine:
                     self.table_epoch(up_table),
                 )
             return view_changes(spark, up_log, log_schema, done, target)[0]
-        df = self._source_updates(coll, done, target)
+        df = self._source_updates(
+            coll, done, target, None if columns is None else self._checked_columns(coll, columns)
+        )
         valid = self.contract_predicate(coll)
         return df if valid is None else df.where(valid)
 
-    def _source_updates(self, coll: str, done: int, target: int):
-        """A source's updates in ``(done, target]`` as its table has them (no contract)."""
+    def _source_updates(
+        self, coll: str, done: int, target: int, columns: Sequence[str] | None = None
+    ):
+        """A source's updates in ``(done, target]`` as its table has them (no contract).
+
+        ``columns``: the reader needs only these; a change feed kept on the driver then comes
+        summed on them there (:func:`ops.ingest.source_changes_once`): an update that rewrote
+        other columns only reaches no lookup, join or state. Snapshots and appended files
+        come with every column."""
         from ops.ingest import source_changes_once, source_snapshot
 
         epochs = self._epoch_map()
@@ -1131,13 +1149,13 @@ class Engine:
             return source_snapshot(self.spark, source, epochs[target].ranges[coll][1], target)
         if done >= target:  # an empty range: no change
             version = epochs[target].ranges[coll][1]
-            return source_changes_once(self.spark, source, version, version, target)
+            return source_changes_once(self.spark, source, version, version, target, columns)
         parts = []
         for e in range(done + 1, target + 1):
             rng = epochs[e].ranges.get(coll)
             if rng is None:
                 raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
-            parts.append(source_changes_once(self.spark, source, rng[0], rng[1], e))
+            parts.append(source_changes_once(self.spark, source, rng[0], rng[1], e, columns))
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)
@@ -1174,7 +1192,15 @@ class Engine:
             self.refresh_arrangement(arrangement.key)
         stats = stats if stats is not None else {}
         store = self._state_store(plan, done, target, stats, small=small)
-        inputs = {coll: self._collection_updates(coll, done, target) for coll in plan.inputs}
+        inputs = {
+            coll: self._collection_updates(
+                coll,
+                done,
+                target,
+                self._columns_read(plan, coll) if coll in plan.source_inputs else None,
+            )
+            for coll in plan.inputs
+        }
         crash_point("ingest")
         delta_join = None
         if plan.joins and (done > 0 or plan.has_state):  # NOT IN keeps state from the build on
@@ -1327,13 +1353,13 @@ class Engine:
             snapshot = ordered if in_ranges else self._collection_updates(key.collection, 0, since)
             updates = snapshot.select(*cols, TIME, DIFF)
             if since < target:
-                changes = self._collection_updates(key.collection, since, target)
+                changes = self._collection_updates(key.collection, since, target, aplan.columns)
                 updates = updates.unionByName(
                     consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
                 )
         else:
             since, in_ranges = int(info["ivm.since"]), False
-            changes = self._collection_updates(key.collection, done, target)
+            changes = self._collection_updates(key.collection, done, target, aplan.columns)
             updates = consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
         started = time.perf_counter()
         result = write_updates(

@@ -140,52 +140,86 @@ class _Changes:
     DataFrame, made on first demand (deciding to recompute needs only the number).
 
     ``feed`` is the change feed itself (column names lower-cased) when it is small enough to
-    keep (:data:`KEEP_FEED_BYTES`): :meth:`cancels_on` answers from it without Spark."""
+    keep (:data:`KEEP_FEED_BYTES`): :meth:`cancels_on` answers from it without Spark, and
+    :meth:`frame` gives each reader the feed summed on the columns it reads (``project`` turns
+    such a table into updates at the range's epoch)."""
 
     rows: int
     make: Callable[[], DataFrame] | None
     df: DataFrame | None = None
     feed: pa.Table | None = None
-    _cancels: dict[tuple[str, ...], bool] = field(default_factory=dict)
+    project: Callable[[pa.Table], DataFrame] | None = None
+    _net: dict[tuple[str, ...], pa.Table | None] = field(default_factory=dict)
+    _projected: dict[tuple[str, ...], DataFrame] = field(default_factory=dict)
 
-    def frame(self) -> DataFrame:
-        if self.df is None:
-            assert self.make is not None
-            # Once in Spark, the driver keeps no copy (but ``feed``, if small enough).
-            self.df, self.make = self.make(), None
-        return self.df
+    def frame(self, columns: Sequence[str] | None = None) -> DataFrame:
+        """The updates. With ``columns``, when the feed is kept on the driver: those columns'
+        updates only (``(columns..., _time, _diff)``), summed there, so an update that rewrote
+        other columns only, or a change undone within the range, reaches no reader of these
+        columns. Otherwise every column, as the range gave them."""
+        net = None if columns is None or self.project is None else self.net_on(columns)
+        if net is None:
+            if self.df is None:
+                assert self.make is not None
+                # Once in Spark, the driver keeps no copy (but ``feed``, if small enough).
+                self.df, self.make = self.make(), None
+            return self.df
+        key = tuple(sorted(columns or ()))
+        if key not in self._projected:
+            assert self.project is not None
+            self._projected[key] = self.project(net)
+        return self._projected[key]
+
+    def net_on(self, columns: Sequence[str]) -> pa.Table | None:
+        """The feed summed on ``columns`` (:func:`consolidated_on`); None when the feed is not
+        kept on the driver, lacks one of the columns, or Arrow cannot group by one."""
+        if self.feed is None:
+            return None
+        key = tuple(sorted(columns))
+        if key not in self._net:
+            self._net[key] = consolidated_on(self.feed, key)
+        return self._net[key]
 
     def cancels_on(self, columns: Sequence[str]) -> bool:
         """Whether these updates sum to nothing once projected on ``columns``: every update
         rewrote other columns only, or undid another (False when not known on the driver)."""
         if self.rows == 0:
             return True
-        if self.feed is None:
-            return False
-        key = tuple(sorted(columns))
-        if key not in self._cancels:
-            self._cancels[key] = cancels_on(self.feed, key)
-        return self._cancels[key]
+        net = self.net_on(columns)
+        return net is not None and net.num_rows == 0
+
+
+def consolidated_on(updates: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+    """``updates`` (``columns..., _diff``, all at one time) projected on ``columns`` and summed
+    per distinct row (NULLs equal, as in grouping), the rows summing to 0 dropped: ``(columns
+    ..., _diff)``, columns in the feed's order. None when the feed lacks one of the columns or
+    Arrow cannot group by one (nested types): not known."""
+    wanted = set(columns)
+    ordered = [c for c in updates.column_names if c in wanted and c != DIFF]
+    if len(ordered) != len(wanted):
+        return None
+    try:
+        sums = (
+            updates.select([*ordered, DIFF])
+            .group_by(ordered, use_threads=False)
+            .aggregate([(DIFF, "sum")])
+        )
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    net = sums.select([*ordered, f"{DIFF}_sum"]).rename_columns([*ordered, DIFF])
+    return net.filter(pc.not_equal(net.column(DIFF), 0))
 
 
 def cancels_on(updates: pa.Table, columns: Sequence[str]) -> bool:
-    """Whether ``updates`` (``columns..., _diff``) consolidate to nothing on ``columns``:
-    summed per distinct projected row (NULLs equal, as in grouping), every ``_diff`` is 0.
-    Columns Arrow cannot group by (nested types) answer False: not known, not empty."""
+    """Whether ``updates`` (``columns..., _diff``) consolidate to nothing on ``columns``
+    (:func:`consolidated_on`). Columns Arrow cannot group by (nested types) answer False: not
+    known, not empty."""
     if updates.num_rows == 0:
         return True
     if pc.sum(updates.column(DIFF)).as_py() != 0:
         return False
-    try:
-        sums = (
-            updates.select([*columns, DIFF])
-            .group_by(list(columns), use_threads=False)
-            .aggregate([(DIFF, "sum")])
-            .column(f"{DIFF}_sum")
-        )
-    except (KeyError, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return False  # a column missing from the feed, or one Arrow cannot group by
-    return not pc.any(pc.not_equal(sums, 0)).as_py()
+    net = consolidated_on(updates, columns)
+    return net is not None and net.num_rows == 0
 
 
 def source_changes(
@@ -229,10 +263,25 @@ def source_changes(
             ),
         )
     changes = source.changes(lower, upper).drop_columns(["_commit_version"])
-    feed = None
-    if changes.nbytes <= KEEP_FEED_BYTES:
-        feed = changes.rename_columns([c.lower() for c in changes.column_names])
-    return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)), feed=feed)
+    if changes.nbytes > KEEP_FEED_BYTES:
+        return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)))
+
+    def projected(net: pa.Table) -> DataFrame:
+        df = (
+            spark.createDataFrame(net)
+            if net.num_rows
+            else spark.createDataFrame([], from_arrow_schema(net.schema))
+        )
+        return df.withColumn(TIME, F.lit(epoch).cast("bigint")).select(
+            *[c for c in net.column_names if c != DIFF], TIME, DIFF
+        )
+
+    return _Changes(
+        changes.num_rows,
+        lambda: updates(spark.createDataFrame(changes)),
+        feed=changes.rename_columns([c.lower() for c in changes.column_names]),
+        project=projected,
+    )
 
 
 def source_rows(source: SourceTable, version: int) -> int:
@@ -246,9 +295,16 @@ _MEMO_LOCK = threading.Lock()
 
 
 def source_changes_once(
-    spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
+    spark: SparkSession,
+    source: SourceTable,
+    lower: int | None,
+    upper: int,
+    epoch: int,
+    columns: Sequence[str] | None = None,
 ) -> DataFrame:
-    """:func:`source_changes`, read once per process for every view that needs it.
+    """:func:`source_changes`, read once per process for every view that needs it; with
+    ``columns``, only those (a change feed kept on the driver summed on them there: see
+    :meth:`_Changes.frame`).
 
     The change feed of ``(lower, upper]`` is fixed by the epoch record, so the DataFrame
     built for the first view (for the CDF: delta-rs's read, handed to Spark) serves the rest.
@@ -256,7 +312,7 @@ def source_changes_once(
     same path starts its versions over with other rows.
     """
     with _MEMO_LOCK:  # views refreshed at once: the first reads, the others wait for it
-        return _changes_memo(spark, source, lower, upper, epoch).frame()
+        return _changes_memo(spark, source, lower, upper, epoch).frame(columns)
 
 
 def source_change_rows(

@@ -1,5 +1,6 @@
-"""Deciding on the driver, without Spark, whether a change feed's updates matter to a view:
-projected on the columns it reads, do they sum to nothing (:func:`ops.ingest.cancels_on`)?"""
+"""Deciding on the driver, without Spark, what a change feed's updates are to a view: projected
+on the columns it reads and summed (:func:`ops.ingest.consolidated_on`), what is left, and is
+it nothing (:func:`ops.ingest.cancels_on`)?"""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 
-from ops.ingest import cancels_on
+from ops.ingest import cancels_on, consolidated_on
 
 
 def feed(rows: list[tuple]) -> pa.Table:
@@ -62,3 +63,29 @@ def test_columns_arrow_cannot_group_by_are_not_known_to_cancel() -> None:
     )
     assert not cancels_on(nested, ["k", "tags"])
     assert cancels_on(nested, ["k"])
+
+
+def test_the_feed_summed_on_the_columns_read_keeps_only_what_they_see() -> None:
+    updates = feed(
+        [
+            (1, "a", Decimal("1.00"), -1),  # an update of `amount` alone
+            (1, "a", Decimal("2.00"), 1),
+            (2, "b", Decimal("5.00"), -1),  # an update of `name`
+            (2, "c", Decimal("5.00"), 1),
+            (3, None, None, 1),  # inserted twice: a duplicate row counts twice
+            (3, None, None, 1),
+            (4, "d", Decimal("4.00"), 1),  # inserted and deleted again
+            (4, "d", Decimal("4.00"), -1),
+        ]
+    )
+    net = consolidated_on(updates, ["name", "k"])
+    assert net is not None and net.column_names == ["k", "name", "_diff"]  # the feed's order
+    assert sorted(net.to_pylist(), key=lambda r: (r["k"], r["name"] or "")) == [
+        {"k": 2, "name": "b", "_diff": -1},
+        {"k": 2, "name": "c", "_diff": 1},
+        {"k": 3, "name": None, "_diff": 2},
+    ]
+    assert net.schema.field("k").type == pa.int64()
+    every = consolidated_on(updates, ["k", "name", "amount"])
+    assert every is not None and every.num_rows == 5  # only the undone insert is gone
+    assert consolidated_on(updates, ["k", "missing"]) is None
