@@ -846,6 +846,7 @@ class Engine:
             return result
         meta = self._definition(plan)
         log_start = self._log_start(log_uri)
+        logged = None  # the log's updates at ``target``, when this call wrote them on the driver
         if log_done < target:
             t0 = time.perf_counter()
             overwrite = small = False
@@ -893,6 +894,8 @@ class Engine:
                     small=small,
                 )
             crash_point("log_committed")
+            if commit.committed and log_done == table_done and not overwrite and log_done > 0:
+                logged = commit.staged  # an incremental epoch's updates, consolidated
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
@@ -931,6 +934,7 @@ class Engine:
                 overwrite=table_stale,
                 positive=insertions_only(files),
                 rows_hint=_at_most(f.file.num_records for f in files),
+                net_rows=None if table_stale else logged,
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0

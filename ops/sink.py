@@ -97,9 +97,12 @@ def stage_updates(
     :data:`DRIVER_WRITE`). Should more rows come, Spark writes them, computing them again.
     """
     staged_uri = staging_uri(table_uri, epoch, label)
-    if small and _stage_on_driver(updates, staged_uri, parquet_options or {}):
+    rows = _stage_on_driver(updates, staged_uri, parquet_options or {}) if small else None
+    if rows is not None:
         crash_point("staged")
-        return collect_staged(table_uri, staged_uri)
+        staged = collect_staged(table_uri, staged_uri)
+        staged.table = rows
+        return staged
     writer = updates.write.mode("error")  # (Spark Connect knows no "errorifexists")
     for option, value in (parquet_options or {}).items():
         writer = writer.option(option, value)
@@ -140,15 +143,15 @@ written by Spark."""
 
 def _stage_on_driver(
     updates: DataFrame, staged_uri: str, parquet_options: Mapping[str, object]
-) -> bool:
+) -> pa.Table | None:
     """Collect at most :data:`DRIVER_CHANGE_ROWS` rows of ``updates`` (in their order, as one
-    partition) and write them into ``staged_uri``; False, writing nothing, if there are more
-    or a column's type is not :data:`_FLAT`."""
+    partition), write them into ``staged_uri`` and return them; None, writing nothing, if
+    there are more or a column's type is not :data:`_FLAT`."""
     if not DRIVER_WRITE or not all(isinstance(f.dataType, _FLAT) for f in updates.schema):
-        return False
+        return None
     rows = updates.coalesce(1).limit(DRIVER_CHANGE_ROWS + 1).toArrow()
     if rows.num_rows > DRIVER_CHANGE_ROWS:
-        return False
+        return None
     if rows.num_rows:
 
         def setting(key: str) -> int | None:
@@ -161,7 +164,7 @@ def _stage_on_driver(
             rows_per_page=setting("parquet.page.row.count.limit"),
             page_bytes=setting("parquet.page.size"),
         )
-    return True
+    return rows
 
 
 def append_updates(
@@ -198,6 +201,7 @@ def append_updates(
         overwrite=overwrite,
     )
     result.rows, result.bytes = staged.rows, staged.bytes
+    result.staged = staged.table
     return result
 
 
@@ -537,6 +541,7 @@ def apply_to_table(
     overwrite: bool = False,
     positive: bool = False,
     rows_hint: int | None = None,
+    net_rows: pa.Table | None = None,
 ) -> TableChange:
     """Apply a net change ``(columns..., _diff)`` (consolidated, no zeros) to a readable table.
 
@@ -554,6 +559,8 @@ def apply_to_table(
         rows_hint: at most how many rows ``net`` holds (sizes a first build's files; up to
             :data:`DRIVER_CHANGE_ROWS`, the change is sized and its files found on the
             driver).
+        net_rows: ``net``'s rows, when the driver holds them (the diff log's epoch it has
+            just written): a small change is sized from them, not collected again.
 
     Raises:
         InvariantViolation: a row would be deleted more times than the table holds it.
@@ -573,7 +580,8 @@ def apply_to_table(
         if positive:  # its size is known once written
             inserted, deleted, bounds = rows_hint or 0, 0, {}
         elif local:
-            inserted, deleted, bounds, deletes = _summary_local(net.toArrow(), prunable)
+            rows = net.toArrow() if net_rows is None else net_rows.select(net.columns)
+            inserted, deleted, bounds, deletes = _summary_local(rows, prunable)
         else:
             inserted, deleted, bounds = _summary(net, prunable)
         # Only deletions need to find and rewrite existing files; insertions just append.

@@ -659,6 +659,7 @@ class StagedFiles:
     rows: int
     bytes: int
     schema: pa.Schema | None
+    table: pa.Table | None = None  # the rows themselves, when the driver wrote them
 
 
 def stage_arrow(
@@ -740,6 +741,7 @@ class CommitResult:
     bytes: int = 0
     retries: int = 0
     seconds: float = 0.0
+    staged: pa.Table | None = None  # the rows committed, when the driver wrote them
 
 
 @contextmanager

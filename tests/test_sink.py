@@ -230,3 +230,48 @@ def test_nested_columns_are_written_by_spark(spark, tmp_path: Path) -> None:
         [1, 2],
         [2, 3],
     ]
+
+
+def test_a_change_the_driver_holds_is_not_collected_again(spark, tmp_path: Path) -> None:
+    """A diff log's epoch written by the driver comes back with its rows (``staged``), and the
+    readable table's step sizes the change from them: one Spark job fewer, the same table."""
+    from ops.sink import append_updates
+    from resources.spark import JobGroup
+
+    updates = net_change(spark, (3, "b", -1), (7, "a", -1), (99, "z", 2), (None, None, 1))
+    log = str(tmp_path / "log")
+    logged = append_updates(
+        updates.selectExpr("k", "name", "cast(2 as bigint) AS _time", DIFF),
+        log,
+        app_id="t",
+        epoch=2,
+        metadata={},
+        small=True,
+    ).staged
+    assert logged is not None
+    assert logged.to_pylist() == DeltaTable(log).to_pyarrow_table().to_pylist()
+    jobs, tables = {}, {}
+    for way, rows in (("collected", None), ("held", logged.drop_columns(["_time"]))):
+        uri = tables[way] = str(tmp_path / way)
+        apply(spark, uri, 1, *[(k, "a", 1) for k in range(40)], (3, "b", 2), overwrite=True)
+        group = JobGroup(way, "apply")
+        group.open(spark)
+        try:
+            change = apply_to_table(
+                spark,
+                spark.read.parquet(*DeltaTable(log).file_uris()).drop("_time"),
+                uri,
+                app_id="test",
+                epoch=2,
+                metadata={},
+                label="v",
+                rows_hint=logged.num_rows,
+                net_rows=rows,
+            )
+        finally:
+            jobs[way] = group.close(spark)
+        assert (change.inserted, change.deleted, change.rows_rewritten) == (3, 2, 42)
+    assert jobs["held"] == jobs["collected"] - 1, jobs
+    expected = Counter({(k, "a"): 1 for k in range(40) if k != 7})
+    expected.update({(3, "b"): 1, (99, "z"): 2, (None, None): 1})
+    assert contents(tables["held"]) == contents(tables["collected"]) == expected
