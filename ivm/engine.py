@@ -895,7 +895,7 @@ class Engine:
                 )
             crash_point("log_committed")
             if commit.committed and log_done == table_done and not overwrite and log_done > 0:
-                logged = commit.staged  # an incremental epoch's updates, consolidated
+                logged = commit.staged  # the updates of (log_done, target], as written
             result.timings["log"] = time.perf_counter() - t0
             result.commit_versions["log"] = commit.version
         t0 = time.perf_counter()
@@ -917,7 +917,7 @@ class Engine:
             )
             change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
         else:
-            from ops.ingest import insertions_only
+            from ops.ingest import consolidated_on, insertions_only
 
             net, files = self._net_change(
                 plan, -1 if table_stale else table_done, target, log_start
@@ -934,7 +934,11 @@ class Engine:
                 overwrite=table_stale,
                 positive=insertions_only(files),
                 rows_hint=_at_most(f.file.num_records for f in files),
-                net_rows=None if table_stale else logged,
+                # The log's epochs since the table's, summed per row: a row may come at one
+                # epoch and go at the next.
+                net_rows=None
+                if table_stale or logged is None
+                else consolidated_on(logged, plan.columns),
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0
@@ -1145,6 +1149,9 @@ class Engine:
         summed on them there (:func:`ops.ingest.source_changes_once`): an update that rewrote
         other columns only reaches no lookup, join or state. Snapshots and appended files
         come with every column."""
+        from pyspark.sql import functions as F
+
+        from ops import DIFF, TIME
         from ops.ingest import source_changes_once, source_snapshot
 
         epochs = self._epoch_map()
@@ -1159,7 +1166,11 @@ class Engine:
             rng = epochs[e].ranges.get(coll)
             if rng is None:
                 raise SourceError(f"source {coll!r} is missing from epoch {e}'s record")
-            parts.append(source_changes_once(self.spark, source, rng[0], rng[1], e, columns))
+            part = source_changes_once(self.spark, source, rng[0], rng[1], e, columns)
+            # Ranges read otherwise (appended files) come with every column.
+            if columns is not None:
+                part = part.select(*[F.col(f"`{c}`") for c in columns], TIME, DIFF)
+            parts.append(part)
         df = parts[0]
         for p in parts[1:]:
             df = df.unionByName(p)

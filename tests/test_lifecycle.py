@@ -412,6 +412,27 @@ def test_a_change_to_columns_a_view_does_not_read_costs_it_nothing(
     assert_correct(engine)
 
 
+def test_a_row_that_comes_and_goes_within_the_epochs_a_refresh_catches_up_on(
+    spark, make_project, src
+):
+    """A view refreshed over two epochs at once logs a row inserted at the first and deleted
+    at the second; its readable table receives the epochs' sum (nothing for that row), taken
+    from the rows the driver has just logged."""
+    view = {"vals": "CREATE VIEW vals AS SELECT k, v FROM src"}
+    engine = Engine(make_project(view, {"src": src}), spark=spark)
+    assert engine.refresh().ok
+    write_deltalake(src, rows((4, "c", 40)), mode="append")
+    assert engine.mint_epoch() is not None
+    DeltaTable(src).delete("k = 4 OR k = 1")
+    assert engine.mint_epoch() is not None
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    (result,) = report.views
+    assert (result.previous_epoch, result.epoch) == (1, 3)
+    assert (result.inserted, result.deleted) == (0, 1)
+    assert_correct(engine)
+
+
 def test_a_source_created_again_at_the_same_path_is_read_afresh(spark, make_project, tmp_path):
     """A source and lake deleted and created again in the same process (as a benchmark or a
     long-lived code location may do) have the same version and epoch numbers as before but
