@@ -1327,7 +1327,7 @@ class Engine:
         from pyspark.sql import functions as F
 
         from ops import DIFF, TIME
-        from ops.arrange import write_updates
+        from ops.arrange import write_held_updates, write_updates
         from ops.consolidate import consolidate
 
         aplan = self.plan.arrangements[key]
@@ -1373,35 +1373,98 @@ class Engine:
                     consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
                 )
         else:
-            since, in_ranges = int(info["ivm.since"]), False
-            changes = self._collection_updates(key.collection, done, target, aplan.columns)
-            updates = consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
+            since, in_ranges, updates = int(info["ivm.since"]), False, None
         started = time.perf_counter()
-        result = write_updates(
-            updates,
-            uri,
-            key.key,
-            app_id=self.app_id(uri),
-            epoch=target,
-            metadata={
-                "ivm.arrangement": key.name,
-                "ivm.columns": json.dumps(list(aplan.columns)),
-                "ivm.since": str(since),
-                "ivm.contract": contract,
-                "ivm.types": types,
-            },
-            overwrite=rebuild and done > 0,
-            rows_hint=self._rows_hint(key.collection) if rebuild else None,
-            in_ranges=rebuild and in_ranges,
-            small=not rebuild and self.small_change([key.collection], done, target),
+        metadata = {
+            "ivm.arrangement": key.name,
+            "ivm.columns": json.dumps(list(aplan.columns)),
+            "ivm.since": str(since),
+            "ivm.contract": contract,
+            "ivm.types": types,
+        }
+        held = None if rebuild else self._held_changes(key.collection, done, target, aplan.columns)
+        result = (
+            None
+            if held is None
+            else write_held_updates(
+                held,
+                uri,
+                key.key,
+                self._arrow_schema(uri),
+                app_id=self.app_id(uri),
+                epoch=target,
+                metadata=metadata,
+            )
         )
+        if result is None:
+            if updates is None:
+                changes = self._collection_updates(key.collection, done, target, aplan.columns)
+                updates = consolidate(changes.select(*cols, TIME, DIFF), aplan.columns)
+            result = write_updates(
+                updates,
+                uri,
+                key.key,
+                app_id=self.app_id(uri),
+                epoch=target,
+                metadata=metadata,
+                overwrite=rebuild and done > 0,
+                rows_hint=self._rows_hint(key.collection) if rebuild else None,
+                in_ranges=rebuild and in_ranges,
+                small=not rebuild and self.small_change([key.collection], done, target),
+            )
         crash_point("arrangement_committed")
+        how = (
+            " from a source in key order, without a shuffle"
+            if in_ranges
+            else " (summed and written by the driver)"
+            if result.staged is not None and held is not None
+            else ""
+        )
         self.progress(
             f"arrangement {key}: {'built' if rebuild else 'appended'} {result.rows} updates "
-            f"at epoch {target}{' from a source in key order, without a shuffle' if in_ranges else ''}"
-            f" ({time.perf_counter() - started:.2f}s)"
+            f"at epoch {target}{how} ({time.perf_counter() - started:.2f}s)"
         )
         return result
+
+    def _held_changes(
+        self, source: str, done: int, target: int, columns: Sequence[str]
+    ) -> pa.Table | None:
+        """A source's updates in ``(done, target]`` summed on ``columns`` (``(columns...,
+        _time, _diff)``) when the driver holds them all, at most
+        :data:`~ops.sink.DRIVER_CHANGE_ROWS`: every range a change feed kept there, and no
+        contract row check (which Spark evaluates). None otherwise."""
+        from ops import TIME
+        from ops.ingest import source_change_net
+        from ops.sink import DRIVER_CHANGE_ROWS
+
+        if source not in self.sources or self.contract_predicate(source) is not None:
+            return None
+        epochs = self._epoch_map()
+        parts = []
+        for e in range(done + 1, target + 1):
+            rng = epochs[e].ranges.get(source) if e in epochs else None
+            if rng is None or rng[0] is None:
+                return None
+            if rng[0] == rng[1]:
+                continue  # the source kept its version
+            net = source_change_net(self.spark, self.sources[source], rng[0], rng[1], e, columns)
+            if net is None:
+                return None
+            parts.append(net.append_column(TIME, pa.array([e] * net.num_rows, pa.int64())))
+        if sum(p.num_rows for p in parts) > DRIVER_CHANGE_ROWS:
+            return None
+        if not parts:
+            return pa.table({c: pa.array([], pa.null()) for c in [*columns, TIME, "_diff"]})
+        return pa.concat_tables(parts, promote_options="permissive")
+
+    def _arrow_schema(self, uri: str) -> pa.Schema:
+        """A table's Arrow schema with the types Spark hands over (see
+        :func:`resources.lake.spark_compatible_type`)."""
+        from resources.lake import spark_compatible_type
+
+        return pa.schema(
+            [pa.field(f.name, spark_compatible_type(f.type)) for f in self.table_schema(uri)]
+        )
 
     def _snapshot_in_order(self, source: str, epoch: int, column: str):
         """A large source's snapshot at ``epoch`` read so that each Spark partition holds its

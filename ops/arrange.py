@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
-from ops.sink import append_updates
+from ops.sink import append_rows, append_updates
 from resources.lake import CommitResult, table_file_stats
 
 PUSHDOWN_KEYS = 400
@@ -113,10 +113,44 @@ def write_updates(
         epoch=epoch,
         metadata=metadata,
         overwrite=overwrite,
-        description=f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)",
+        description=_description(key),
         parquet_options=PARQUET_OPTIONS,
         small=small,
     )
+
+
+def write_held_updates(
+    rows: pa.Table,
+    uri: str,
+    key: Sequence[str],
+    schema: pa.Schema,
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+) -> CommitResult | None:
+    """:func:`write_updates` of an epoch's change the driver holds (a change feed summed on
+    the arrangement's columns, ``(columns..., _time, _diff)``): sorted by ``(key, _time)``
+    there, NULLs first as Spark sorts, and written by it as one file: no Spark job. None,
+    writing nothing, when the rows do not cast to the arrangement's ``schema``."""
+    try:
+        rows = rows.select(schema.names).cast(schema)
+    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    order = [(c, "ascending", "at_start") for c in [*key, TIME]]
+    return append_rows(
+        rows.sort_by(order),
+        uri,
+        app_id=app_id,
+        epoch=epoch,
+        metadata=metadata,
+        description=_description(key),
+        parquet_options=PARQUET_OPTIONS,
+    )
+
+
+def _description(key: Sequence[str]) -> str:
+    return f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)"
 
 
 PARQUET_OPTIONS: Mapping[str, object] = {

@@ -152,19 +152,26 @@ def _stage_on_driver(
     rows = updates.coalesce(1).limit(DRIVER_CHANGE_ROWS + 1).toArrow()
     if rows.num_rows > DRIVER_CHANGE_ROWS:
         return None
-    if rows.num_rows:
-
-        def setting(key: str) -> int | None:
-            value = parquet_options.get(key)
-            return None if value is None else int(str(value))
-
-        stage_arrow(
-            staged_uri,
-            rows,
-            rows_per_page=setting("parquet.page.row.count.limit"),
-            page_bytes=setting("parquet.page.size"),
-        )
+    _stage_rows(staged_uri, rows, parquet_options)
     return rows
+
+
+def _stage_rows(staged_uri: str, rows: pa.Table, parquet_options: Mapping[str, object]) -> None:
+    """Write ``rows`` (if any) as one Parquet file into ``staged_uri``, with the page settings
+    of ``parquet_options`` (Spark's writer options)."""
+    if not rows.num_rows:
+        return
+
+    def setting(key: str) -> int | None:
+        value = parquet_options.get(key)
+        return None if value is None else int(str(value))
+
+    stage_arrow(
+        staged_uri,
+        rows,
+        rows_per_page=setting("parquet.page.row.count.limit"),
+        page_bytes=setting("parquet.page.size"),
+    )
 
 
 def append_updates(
@@ -190,11 +197,46 @@ def append_updates(
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
     staged = stage_updates(updates, log_uri, epoch, "updates", parquet_options, small=small)
+    return _commit_staged(
+        staged, log_uri, app_id, epoch, arrow_schema(updates), metadata, description, overwrite
+    )
+
+
+def append_rows(
+    rows: pa.Table,
+    log_uri: str,
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+    description: str,
+    parquet_options: Mapping[str, object] | None = None,
+) -> CommitResult:
+    """:func:`append_updates` of updates the driver holds, in the order given and with the
+    log's column types: it writes them as one file and commits it, with no Spark job."""
+    staged_uri = staging_uri(log_uri, epoch, "updates")
+    _stage_rows(staged_uri, rows, parquet_options or {})
+    crash_point("staged")
+    staged = collect_staged(log_uri, staged_uri)
+    staged.table = rows
+    return _commit_staged(staged, log_uri, app_id, epoch, rows.schema, metadata, description)
+
+
+def _commit_staged(
+    staged: StagedFiles,
+    log_uri: str,
+    app_id: str,
+    epoch: int,
+    schema: pa.Schema,
+    metadata: Mapping[str, str],
+    description: str,
+    overwrite: bool = False,
+) -> CommitResult:
     result = commit_files(
         log_uri,
         app_id=app_id,
         epoch=epoch,
-        schema=arrow_schema(updates),
+        schema=schema,
         adds=staged.adds,
         metadata=metadata,
         description=description,

@@ -253,3 +253,54 @@ def test_a_source_in_key_order_is_arranged_without_a_shuffle(
     assert engine.refresh().ok
     for c in compare_views(engine):
         assert c.equal, c.describe()
+
+
+def test_a_small_change_feed_is_arranged_by_the_driver(spark, make_project, tmp_path) -> None:
+    """An arrangement's epoch from a change feed the driver holds is summed on the columns
+    its readers use, sorted by key (NULLs first, as Spark sorts) and written there: no Spark
+    job, and the file reads as the Spark-written ones do; the join stays equal to DuckDB's."""
+    from resources.spark import JobGroup
+
+    cdf = {"delta.enableChangeDataFeed": "true"}
+    left, right = str(tmp_path / "data" / "left"), str(tmp_path / "data" / "right")
+    write_deltalake(
+        left,
+        pa.table({"k": [3, 1, 2, 5], "name": ["c", "a", "b", "e"], "note": ["x"] * 4}),
+        configuration=cdf,
+    )
+    write_deltalake(right, pa.table({"k": [1, 2, 3], "w": [10, 20, 30]}), configuration=cdf)
+    view = "CREATE VIEW joined AS SELECT l.k, l.name, r.w FROM left l JOIN right r ON r.k = l.k"
+    root = make_project({"joined": view}, {"left": left, "right": right})
+    engine = Engine(root, spark=spark, progress=lambda m: None)
+    assert engine.refresh().ok
+    dt = DeltaTable(left)
+    dt.update({"note": "'y'"})  # no reader's column: sums to nothing
+    dt.update({"name": "'b2'"}, predicate="k = 2")
+    dt.delete("k = 5")
+    write_deltalake(
+        left, pa.table({"k": [None, 4], "name": ["n", "d"], "note": ["z", "z"]}), mode="append"
+    )
+    engine.mint_epoch()
+    (key,) = [k for k in engine.plan.arrangements if k.collection == "left"]
+    uri = engine.arrangement_uri(key)
+    before = set(DeltaTable(uri).file_uris())
+    group = JobGroup("probe", "arrange left")
+    group.open(spark)
+    try:
+        result = engine._refresh_arrangement(key)
+    finally:
+        jobs = group.close(spark)
+    assert jobs == 0 and result is not None and result.staged is not None
+    (added,) = set(DeltaTable(uri).file_uris()) - before
+    got = pq.read_table(local_path(added)).to_pylist()
+    assert [(r["k"], r["name"], r[DIFF]) for r in got] == [
+        (None, "n", 1),
+        (2, "b", -1),
+        (2, "b2", 1),
+        (4, "d", 1),
+        (5, "e", -1),
+    ]
+    assert {r[TIME] for r in got} == {2}
+    assert engine.refresh().ok
+    for c in compare_views(engine):
+        assert c.equal, c.describe()
