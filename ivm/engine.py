@@ -846,7 +846,7 @@ class Engine:
             return result
         meta = self._definition(plan)
         log_start = self._log_start(log_uri)
-        logged = None  # the log's updates at ``target``, when this call wrote them on the driver
+        logged = None  # the log's updates this call wrote, when the driver wrote them
         if log_done < target:
             t0 = time.perf_counter()
             overwrite = small = False
@@ -1396,6 +1396,7 @@ class Engine:
                 metadata=metadata,
             )
         )
+        by_driver = result is not None
         if result is None:
             if updates is None:
                 changes = self._collection_updates(key.collection, done, target, aplan.columns)
@@ -1413,13 +1414,8 @@ class Engine:
                 small=not rebuild and self.small_change([key.collection], done, target),
             )
         crash_point("arrangement_committed")
-        how = (
-            " from a source in key order, without a shuffle"
-            if in_ranges
-            else " (summed and written by the driver)"
-            if result.staged is not None and held is not None
-            else ""
-        )
+        how = " from a source in key order, without a shuffle" if in_ranges else ""
+        how += " (summed and written by the driver)" if by_driver else ""
         self.progress(
             f"arrangement {key}: {'built' if rebuild else 'appended'} {result.rows} updates "
             f"at epoch {target}{how} ({time.perf_counter() - started:.2f}s)"
@@ -1433,7 +1429,7 @@ class Engine:
         _time, _diff)``) when the driver holds them all, at most
         :data:`~ops.sink.DRIVER_CHANGE_ROWS`: every range a change feed kept there, and no
         contract row check (which Spark evaluates). None otherwise."""
-        from ops import TIME
+        from ops import DIFF, TIME
         from ops.ingest import source_change_net
         from ops.sink import DRIVER_CHANGE_ROWS
 
@@ -1454,7 +1450,7 @@ class Engine:
         if sum(p.num_rows for p in parts) > DRIVER_CHANGE_ROWS:
             return None
         if not parts:
-            return pa.table({c: pa.array([], pa.null()) for c in [*columns, TIME, "_diff"]})
+            return pa.table({c: pa.array([], pa.null()) for c in [*columns, TIME, DIFF]})
         return pa.concat_tables(parts, promote_options="permissive")
 
     def _arrow_schema(self, uri: str) -> pa.Schema:

@@ -3,7 +3,9 @@
 - A source's versions ``(lower, upper]`` become updates at the epoch's time: inserts and
   update post-images ``+1``, deletes and update pre-images ``-1`` (Change Data Feed). A range
   that only appended files is read straight from those Parquet files by Spark (no CDF
-  needed, in parallel); any other range needs the CDF, and says so when it is off.
+  needed, in parallel); any other range needs the CDF, and says so when it is off. A reader
+  that needs only some columns gets a change feed kept on the driver summed there on them:
+  ``(d|columns, t, sum of r)``, zeros dropped.
 - A source entering at an epoch (``lower`` is None) contributes its snapshot at ``upper`` as
   ``+1`` updates at that epoch.
 - A view's updates in ``(lo, hi]`` are the rows of its diff log with ``lo < _time <= hi``;
@@ -190,10 +192,11 @@ class _Changes:
 
 
 def consolidated_on(updates: pa.Table, columns: Sequence[str]) -> pa.Table | None:
-    """``updates`` (``columns..., _diff``, all at one time) projected on ``columns`` and summed
-    per distinct row (NULLs equal, as in grouping), the rows summing to 0 dropped: ``(columns
-    ..., _diff)``, columns in the feed's order. None when the feed lacks one of the columns or
-    Arrow cannot group by one (nested types): not known."""
+    """``updates`` projected on ``columns`` and summed per distinct row, whatever their other
+    columns (``_time`` among them: the sum is the net change over its times), NULLs equal as
+    in grouping, the rows summing to 0 dropped: ``(columns..., _diff)``, columns in the feed's
+    order. None when the feed lacks one of the columns or Arrow cannot group by one (nested
+    types): not known."""
     wanted = set(columns)
     ordered = [c for c in updates.column_names if c in wanted and c != DIFF]
     if len(ordered) != len(wanted):
