@@ -923,6 +923,7 @@ class Engine:
                 plan, -1 if table_stale else table_done, target, log_start
             )
             result.log_files_read = len(files)
+            positive = insertions_only(files)  # appended as they are: nothing to size
             change = apply_to_table(
                 self.spark,
                 net,
@@ -932,12 +933,12 @@ class Engine:
                 metadata=table_meta,
                 label=name,
                 overwrite=table_stale,
-                positive=insertions_only(files),
+                positive=positive,
                 rows_hint=_at_most(f.file.num_records for f in files),
                 # The log's epochs since the table's, summed per row: a row may come at one
                 # epoch and go at the next.
                 net_rows=None
-                if table_stale or logged is None
+                if table_stale or positive or logged is None
                 else consolidated_on(logged, plan.columns),
             )
         crash_point("table_committed")
@@ -1329,6 +1330,7 @@ class Engine:
         from ops import DIFF, TIME
         from ops.arrange import write_held_updates, write_updates
         from ops.consolidate import consolidate
+        from resources.lake import spark_compatible_schema
 
         aplan = self.plan.arrangements[key]
         uri = self.arrangement_uri(key)
@@ -1390,7 +1392,7 @@ class Engine:
                 held,
                 uri,
                 key.key,
-                self._arrow_schema(uri),
+                spark_compatible_schema(self.table_schema(uri)),
                 app_id=self.app_id(uri),
                 epoch=target,
                 metadata=metadata,
@@ -1452,15 +1454,6 @@ class Engine:
         if not parts:
             return pa.table({c: pa.array([], pa.null()) for c in [*columns, TIME, DIFF]})
         return pa.concat_tables(parts, promote_options="permissive")
-
-    def _arrow_schema(self, uri: str) -> pa.Schema:
-        """A table's Arrow schema with the types Spark hands over (see
-        :func:`resources.lake.spark_compatible_type`)."""
-        from resources.lake import spark_compatible_type
-
-        return pa.schema(
-            [pa.field(f.name, spark_compatible_type(f.type)) for f in self.table_schema(uri)]
-        )
 
     def _snapshot_in_order(self, source: str, epoch: int, column: str):
         """A large source's snapshot at ``epoch`` read so that each Spark partition holds its

@@ -97,12 +97,9 @@ def stage_updates(
     :data:`DRIVER_WRITE`). Should more rows come, Spark writes them, computing them again.
     """
     staged_uri = staging_uri(table_uri, epoch, label)
-    rows = _stage_on_driver(updates, staged_uri, parquet_options or {}) if small else None
+    rows = _collect_small(updates) if small else None
     if rows is not None:
-        crash_point("staged")
-        staged = collect_staged(table_uri, staged_uri)
-        staged.table = rows
-        return staged
+        return _stage_rows(table_uri, staged_uri, rows, parquet_options or {})
     writer = updates.write.mode("error")  # (Spark Connect knows no "errorifexists")
     for option, value in (parquet_options or {}).items():
         writer = writer.option(option, value)
@@ -141,37 +138,37 @@ _FLAT = (
 written by Spark."""
 
 
-def _stage_on_driver(
-    updates: DataFrame, staged_uri: str, parquet_options: Mapping[str, object]
-) -> pa.Table | None:
-    """Collect at most :data:`DRIVER_CHANGE_ROWS` rows of ``updates`` (in their order, as one
-    partition), write them into ``staged_uri`` and return them; None, writing nothing, if
-    there are more or a column's type is not :data:`_FLAT`."""
+def _collect_small(updates: DataFrame) -> pa.Table | None:
+    """At most :data:`DRIVER_CHANGE_ROWS` rows of ``updates``, collected in their order as one
+    partition; None if there are more or a column's type is not :data:`_FLAT`."""
     if not DRIVER_WRITE or not all(isinstance(f.dataType, _FLAT) for f in updates.schema):
         return None
     rows = updates.coalesce(1).limit(DRIVER_CHANGE_ROWS + 1).toArrow()
-    if rows.num_rows > DRIVER_CHANGE_ROWS:
-        return None
-    _stage_rows(staged_uri, rows, parquet_options)
-    return rows
+    return None if rows.num_rows > DRIVER_CHANGE_ROWS else rows
 
 
-def _stage_rows(staged_uri: str, rows: pa.Table, parquet_options: Mapping[str, object]) -> None:
-    """Write ``rows`` (if any) as one Parquet file into ``staged_uri``, with the page settings
-    of ``parquet_options`` (Spark's writer options)."""
-    if not rows.num_rows:
-        return
+def _stage_rows(
+    table_uri: str, staged_uri: str, rows: pa.Table, parquet_options: Mapping[str, object]
+) -> StagedFiles:
+    """Write ``rows`` (if any) as one Parquet file into ``staged_uri`` by the driver, with the
+    page settings of ``parquet_options`` (Spark's writer options), and list it; the staged
+    files keep the rows (``table``)."""
+    if rows.num_rows:
 
-    def setting(key: str) -> int | None:
-        value = parquet_options.get(key)
-        return None if value is None else int(str(value))
+        def setting(key: str) -> int | None:
+            value = parquet_options.get(key)
+            return None if value is None else int(str(value))
 
-    stage_arrow(
-        staged_uri,
-        rows,
-        rows_per_page=setting("parquet.page.row.count.limit"),
-        page_bytes=setting("parquet.page.size"),
-    )
+        stage_arrow(
+            staged_uri,
+            rows,
+            rows_per_page=setting("parquet.page.row.count.limit"),
+            page_bytes=setting("parquet.page.size"),
+        )
+    crash_point("staged")
+    staged = collect_staged(table_uri, staged_uri)
+    staged.table = rows
+    return staged
 
 
 def append_updates(
@@ -215,10 +212,7 @@ def append_rows(
     """:func:`append_updates` of updates the driver holds, in the order given and with the
     log's column types: it writes them as one file and commits it, with no Spark job."""
     staged_uri = staging_uri(log_uri, epoch, "updates")
-    _stage_rows(staged_uri, rows, parquet_options or {})
-    crash_point("staged")
-    staged = collect_staged(log_uri, staged_uri)
-    staged.table = rows
+    staged = _stage_rows(log_uri, staged_uri, rows, parquet_options or {})
     return _commit_staged(staged, log_uri, app_id, epoch, rows.schema, metadata, description)
 
 

@@ -228,11 +228,15 @@ def spark_compatible_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def spark_compatible_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the types Spark accepts (:func:`spark_compatible_type`), nullability
+    kept."""
+    return pa.schema([pa.field(f.name, spark_compatible_type(f.type), f.nullable) for f in schema])
+
+
 def spark_compatible(table: pa.Table) -> pa.Table:
     """Cast a delta-rs Arrow table to types Spark accepts."""
-    target = pa.schema(
-        [pa.field(f.name, spark_compatible_type(f.type), f.nullable) for f in table.schema]
-    )
+    target = spark_compatible_schema(table.schema)
     return table if target == table.schema else table.cast(target)
 
 
