@@ -1243,9 +1243,11 @@ class Engine:
         """The view's state tables as the reduce operators see them (see ops.reduce);
         ``small``: the inputs' change is small, so are the state's (written by the driver
         unless a write's known size says otherwise)."""
-        from ops.arrange import LookupStats, lookup, write_updates
+        from ops.arrange import LookupStats, lookup, lookup_rows, write_held_updates, write_updates
+        from ops.buffer import DRIVER_TOPK_ROWS
         from ops.reduce import StateStore
         from ops.sink import DRIVER_CHANGE_ROWS
+        from resources.lake import spark_compatible_schema
 
         def write(table, updates, rows_hint: int | None = None) -> int | None:
             uri = self.state_uri(plan.name, table.name)
@@ -1286,6 +1288,39 @@ class Engine:
             stats.setdefault(f"state {table.name}", LookupStats()).add(st)
             return df
 
+        def read_rows(table, key, keys, as_of):
+            uri = self.state_uri(plan.name, table.name)
+            schema = spark_compatible_schema(self.table_schema(uri))
+            rows, st = lookup_rows(uri, schema, list(key), keys, as_of, DRIVER_TOPK_ROWS)
+            stats.setdefault(f"state {table.name}", LookupStats()).add(st)
+            return rows
+
+        def write_rows(table, rows) -> int | None:
+            uri = self.state_uri(plan.name, table.name)
+            if self.table_epoch(uri) >= target:
+                return None  # written by an earlier attempt at this epoch
+            started = time.perf_counter()
+            result = write_held_updates(
+                rows,
+                uri,
+                table.key,
+                spark_compatible_schema(self.table_schema(uri)),
+                app_id=self.app_id(uri),
+                epoch=target,
+                metadata={"ivm.state": table.name, "ivm.view": plan.name},
+            )
+            if result is None:
+                raise InvariantViolation(
+                    f"view {plan.name!r}: state {table.name}: rows of columns "
+                    f"{rows.column_names} do not fit the table's {self.table_schema(uri)}"
+                )
+            crash_point("state_committed")
+            self.progress(
+                f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target}, "
+                f"written by the driver ({time.perf_counter() - started:.2f}s)"
+            )
+            return result.rows
+
         def snapshot(node):
             from ivm.plan.ir import collections
             from ops.stateless import render
@@ -1296,7 +1331,9 @@ class Engine:
         def progress(message: str) -> None:
             self.progress(f"{plan.name}: {message}")
 
-        return StateStore(self.spark, done, target, write, read, progress, snapshot)
+        return StateStore(
+            self.spark, done, target, write, read, progress, snapshot, small, read_rows, write_rows
+        )
 
     # -- arrangements ---------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ keys present in a stream only: files whose ``_time`` starts after ``t`` or whose
 misses every key are never opened.
 
 Contract in ``(data, time, diff)`` terms: :func:`lookup` returns ``{(d, r) : d in C(t),
-key(d) in keys, r = multiplicity}``; :func:`write_updates` appends the updates of ``(lower,
-upper]`` once per epoch (txn ``(arrangement, upper)``).
+key(d) in keys, r = multiplicity}``; :func:`lookup_rows` returns the updates ``(d, t', r)``
+with ``t' <= t`` behind those, read by the driver; :func:`write_updates` appends the updates
+of ``(lower, upper]`` once per epoch (txn ``(arrangement, upper)``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -31,7 +34,7 @@ from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
 from ops.sink import append_rows, append_updates
-from resources.lake import CommitResult, table_file_stats
+from resources.lake import CommitResult, local_path, table_file_stats
 
 PUSHDOWN_KEYS = 400
 """Values per pushed-down ``IN (...)`` list. Spark turns the list into a chain of ORs for
@@ -270,6 +273,65 @@ def lookup(
     if raw:
         return df, stats
     return consolidate(df, data, by_time=False), stats
+
+
+def lookup_rows(
+    uri: str, schema: pa.Schema, key: Sequence[str], keys: pa.Table, as_of: int, max_rows: int
+) -> tuple[pa.Table | None, LookupStats]:
+    """:func:`lookup` done by the driver, with no Spark job, for tables of which a lookup
+    opens few rows: the table's updates ``(columns..., _time, _diff)`` with ``_time <=
+    as_of`` whose key columns equal, NULL equal to NULL (grouping semantics), a row of
+    ``keys``, as they are stored (nothing summed), with ``schema``'s columns and types.
+
+    The files are chosen as :func:`lookup` chooses them (``_time`` and the first key
+    column's range); None when they hold more than ``max_rows`` rows: Spark reads them.
+    """
+    files = table_file_stats(uri, [key[0], TIME])
+    live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
+    stats = LookupStats(lookups=1, files_total=len(files))
+    stats.rows_total = sum(f.file.num_records or 0 for f in files)
+    wanted = distinct_rows(keys.select(list(key)).cast(schema_of(schema, key)))
+    stats.keys = wanted.num_rows
+    first = wanted.column(key[0])
+    values = sorted(v for v in first.to_pylist() if v is not None)
+    chosen = [f for f in live if first.null_count or _may_hold(f, key[0], values)]
+    stats.files_opened = len(chosen)
+    stats.rows_in_opened_files = sum(f.file.num_records or 0 for f in chosen)
+    if stats.rows_in_opened_files > max_rows:
+        return None, stats
+    parts = [
+        pq.read_table(local_path(f.file.uri), columns=schema.names).cast(schema) for f in chosen
+    ]
+    rows = pa.concat_tables(parts) if parts else schema.empty_table()
+    rows = rows.filter(pc.less_equal(rows.column(TIME), as_of))
+    stats.rows_scanned = rows.num_rows
+    return _semi_join_null_safe(rows, wanted, key), stats
+
+
+def schema_of(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The part of ``schema`` naming ``columns``, in their order."""
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _semi_join_null_safe(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The rows of ``rows`` whose ``key`` columns equal a row of ``keys`` (distinct), NULL
+    equal to NULL: Arrow's joins never match NULLs, so each key column is compared as (is
+    null, value with NULLs filled by one value both sides share)."""
+    if rows.num_rows == 0 or keys.num_rows == 0:
+        return rows.slice(0, 0)
+    left, right, on = {}, {}, []
+    for i, c in enumerate(key):
+        a, b = rows.column(c), keys.column(c)
+        left[f"_n{i}"], right[f"_n{i}"] = pc.is_null(a), pc.is_null(b)
+        on.append(f"_n{i}")
+        present = pc.drop_null(pa.concat_arrays([*a.chunks, *b.chunks]))
+        if len(present):
+            fill = present[0]
+            left[f"_k{i}"], right[f"_k{i}"] = pc.fill_null(a, fill), pc.fill_null(b, fill)
+            on.append(f"_k{i}")
+    probe = pa.table(left).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+    hit = probe.join(pa.table(right), keys=on, join_type="left semi", use_threads=False)
+    return rows.take(hit.column("_row").combine_chunks().sort())
 
 
 def distinct_rows(table: pa.Table) -> pa.Table:

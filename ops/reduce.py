@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import reduce as fold
 from typing import Protocol
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -51,6 +52,7 @@ from ivm.plan.reduce import (
     topk_spare,
 )
 from ops import DIFF, TIME
+from ops.buffer import refresh_on_driver
 from ops.consolidate import consolidate
 from resources.spark import is_connect
 
@@ -86,6 +88,13 @@ class StateStore:
         progress: reports what a refresh does (the engine names the view).
         snapshot: a stateless plan node's whole collection at ``new``, evaluated from scratch
             as updates ``(columns..., _time, _diff)`` (a buffered TopK's refill).
+        small: the inputs' change is small enough for the driver to hold (the engine's
+            ``small_change``).
+        read_rows: ``(table, key columns, keys, as_of)`` :attr:`read` done by the driver
+            (``keys`` and the rows as Arrow, nothing summed), or None when the files it would
+            open hold too many rows for the driver (:func:`ops.arrange.lookup_rows`).
+        write_rows: ``(table, updates)`` :attr:`write` of updates the driver holds, as Arrow
+            ``(columns..., _time, _diff)`` with the table's types.
     """
 
     spark: SparkSession
@@ -95,6 +104,9 @@ class StateStore:
     read: Callable[[StateTable, Sequence[str], DataFrame, int], DataFrame]
     progress: Callable[[str], None] = field(default=lambda msg: None)
     snapshot: Callable[[Node], DataFrame] | None = None
+    small: bool = False
+    read_rows: Callable[[StateTable, Sequence[str], pa.Table, int], pa.Table | None] | None = None
+    write_rows: Callable[[StateTable, pa.Table], int | None] | None = None
 
     def read_consolidated(
         self, table: StateTable, key: Sequence[str], keys: DataFrame, as_of: int, like: DataFrame
@@ -978,6 +990,9 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     top = branch.tables[-1]
     stamp = F.lit(store.new).cast("bigint")
     if branch.kind == "buffer":  # it keeps a copy of its consolidated change itself
+        done, delta = refresh_on_driver(node, branch, delta, store)
+        if done is not None:
+            return done
         old_first, new_first = _buffered(node, branch, delta, store, order)
         states = [(old_first, -1), (new_first, 1)]
         return _numbered_change(node, states, list(branch.state_keys), order, stamp)

@@ -304,3 +304,46 @@ def test_a_small_change_feed_is_arranged_by_the_driver(spark, make_project, tmp_
     assert engine.refresh().ok
     for c in compare_views(engine):
         assert c.equal, c.describe()
+
+
+def test_the_driver_reads_a_small_tables_rows_for_keys_null_equal_to_null(tmp_path):
+    """``lookup_rows`` (a buffered TopK's state read by the driver) returns the same rows as
+    a lookup would before summing: keys of several columns, NULL equal to NULL, rows after
+    ``as_of`` left out, and nothing when the files it must open hold too many rows."""
+    uri = str(tmp_path / "state")
+    schema = pa.schema(
+        [
+            ("g", pa.string()),
+            ("n", pa.int32()),
+            ("v", pa.int64()),
+            (TIME, pa.int64()),
+            (DIFF, pa.int64()),
+        ]
+    )
+    rows = [
+        {"g": g, "n": n, "v": v, TIME: t, DIFF: d}
+        for t in (1, 2)
+        for g in ("a", "b", None)
+        for n in (1, None)
+        for v, d in ((10 * t, 1), (10 * t + 1, -1))
+    ]
+    for t in (1, 2):  # one file per epoch, as the engine writes them
+        part = [r for r in rows if r[TIME] == t]
+        write_deltalake(uri, pa.Table.from_pylist(part, schema=schema), mode="append")
+    keys = pa.table({"g": ["a", None, "b", "a"], "n": [None, 1, 1, None]})
+    found, stats = arrange.lookup_rows(uri, schema, ["g", "n"], keys, 1, max_rows=1_000)
+    wanted = {("a", None), (None, 1), ("b", 1)}
+    expected = [r for r in rows if (r["g"], r["n"]) in wanted and r[TIME] <= 1]
+    key = lambda r: tuple((v is None, v) for v in r.values())  # noqa: E731
+    assert found is not None and found.schema == schema
+    assert sorted(found.to_pylist(), key=key) == sorted(expected, key=key)
+    assert stats.keys == 3 and stats.rows_scanned == 12
+    only_b, stats = arrange.lookup_rows(uri, schema, ["g", "n"], keys.slice(2, 1), 2, 1_000)
+    assert only_b is not None and {(r["g"], r["n"]) for r in only_b.to_pylist()} == {("b", 1)}
+    assert only_b.num_rows == 4
+    # A file is opened only if its range of the first key column admits a key.
+    beyond = pa.table({"g": ["c"], "n": [1]})
+    none, stats = arrange.lookup_rows(uri, schema, ["g", "n"], beyond, 2, 1_000)
+    assert none is not None and none.num_rows == 0 and stats.files_opened == 0
+    too_many, stats = arrange.lookup_rows(uri, schema, ["g", "n"], keys, 2, max_rows=10)
+    assert too_many is None and stats.rows_in_opened_files == 24

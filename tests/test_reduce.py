@@ -248,15 +248,25 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
     assert sum(lookups[name].rows_scanned for name in levels) < n // 2
 
 
-def test_buffered_topk_refills_only_a_depleted_group(spark, make_project, tmp_path):
+@pytest.mark.parametrize("by_driver", [True, False], ids=["driver", "spark"])
+def test_buffered_topk_refills_only_a_depleted_group(
+    spark, make_project, tmp_path, monkeypatch, by_driver
+):
     """A TopK keeps its first k + spare rows per group: deleting buffered rows eats the spare
     ones, a group left with fewer than k is refilled from the input (only then), and changes
-    ranked below the buffer only count. A TopK over an aggregate keeps its tower."""
+    ranked below the buffer only count. A TopK over an aggregate keeps its tower.
+
+    The same steps with the small changes refreshed by the driver (``ops.buffer``: one Spark
+    job, collecting the change, where Spark's path takes a dozen or more) and by Spark."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
+    import ops.buffer
     from ivm.oracle import compare_views
     from ops import DIFF
+
+    if not by_driver:
+        monkeypatch.setattr(ops.buffer, "DRIVER_TOPK_ROWS", 0)
 
     path = str(tmp_path / "t")
     rows = {"g": ["x"] * 1000 + ["y"] * 3 + [None] * 2, "v": [*range(1000), 7, 8, 9, 1, 2]}
@@ -291,7 +301,16 @@ def test_buffered_topk_refills_only_a_depleted_group(spark, make_project, tmp_pa
         assert report.ok, [v.error for v in report.views]
         for c in compare_views(engine):
             assert c.equal, c.describe()
-        return [m.split(": ", 1)[0] for m in messages if "rows: refilled from the input" in m]
+        refilled = [m.split(": ", 1)[0] for m in messages if "rows: refilled from the input" in m]
+        by_driver_now = {m.split(": ", 1)[0] for m in messages if "refreshed by the driver" in m}
+        jobs = {v.view: v.spark_jobs for v in report.views if v.view in ("top3", "best")}
+        if by_driver:  # the driver, but where a group is refilled (Spark evaluates the input)
+            assert by_driver_now == {"top3", "best"} - set(refilled), messages
+            # One job collects the change; the rest are the view's table and log.
+            assert all(jobs[v] <= 6 for v in by_driver_now), jobs
+        else:
+            assert not by_driver_now and min(jobs.values()) >= 20, jobs
+        return refilled
 
     def buffered(view: str) -> dict:
         uri = engine.state_uri(view, "r0.topk.first")
