@@ -1244,7 +1244,7 @@ class Engine:
         ``small``: the inputs' change is small, so are the state's (written by the driver
         unless a write's known size says otherwise)."""
         from ops.arrange import LookupStats, lookup, lookup_rows, write_held_updates, write_updates
-        from ops.buffer import DRIVER_TOPK_ROWS
+        from ops.buffer import DRIVER_STATE_ROWS
         from ops.reduce import StateStore
         from ops.sink import DRIVER_CHANGE_ROWS
         from resources.lake import spark_compatible_schema
@@ -1291,7 +1291,7 @@ class Engine:
         def read_rows(table, key, keys, as_of):
             uri = self.state_uri(plan.name, table.name)
             schema = spark_compatible_schema(self.table_schema(uri))
-            rows, st = lookup_rows(uri, schema, list(key), keys, as_of, DRIVER_TOPK_ROWS)
+            rows, st = lookup_rows(uri, schema, list(key), keys, as_of, DRIVER_STATE_ROWS)
             stats.setdefault(f"state {table.name}", LookupStats()).add(st)
             return rows
 

@@ -4,10 +4,10 @@
 ``ROW_NUMBER() ... <= k`` over a stateless input) on Spark: some thirty Spark jobs a refresh,
 whatever the change (SF1 ``largest_orders`` after a 0.1% batch: 32 jobs, 2.2s alone, for a top
 10 that did not move). Its state is small by design: per group, a count and the first
-``k + spare`` rows. So when the inputs' change is small (the engine's ``small_change``), the
-TopK's input change has at most :data:`DRIVER_TOPK_ROWS` rows and the touched groups' state
-can be read by the driver (:func:`ops.arrange.lookup_rows`), this module runs the same step
-there, in Python, and writes the state as the driver writes a held change
+``k + spare`` rows. So when the inputs' change is small (the engine's ``small_change``),
+the TopK's input change has at most :data:`DRIVER_STATE_ROWS` rows and the touched groups'
+state can be read by the driver (:func:`ops.arrange.lookup_rows`), this module runs the same
+step there, in Python, and writes the state as the driver writes a held change
 (:func:`ops.arrange.write_held_updates`): one Spark job, collecting the change.
 
 It answers exactly as the Spark path (the buffer invariant of :func:`ops.reduce._buffered`,
@@ -39,9 +39,9 @@ from ivm.plan.ir import TopK
 from ivm.plan.reduce import GLOBAL_KEY, Branch, topk_spare
 from ops import DIFF, TIME
 
-DRIVER_TOPK_ROWS = 100_000
-"""Most rows of the input's change, and of the state files a lookup opens, that the driver
-takes on; above (or with 0), Spark refreshes the TopK."""
+DRIVER_STATE_ROWS = 100_000
+"""Most rows of an operator's change, and of the state files a lookup opens, that the driver
+takes on (here and in :mod:`ops.climb`); above (or with 0), Spark does the work."""
 
 _EXACT = (
     T.BooleanType,
@@ -60,6 +60,11 @@ _EXACT = (
 by code point, as UTF-8 bytes do); floating point is left to Spark."""
 
 Row = tuple[Any, ...]
+
+
+def exact_types(schema: T.StructType) -> bool:
+    """Whether every column of ``schema`` has one of the :data:`_EXACT` types."""
+    return all(isinstance(f.dataType, _EXACT) for f in schema.fields)
 
 
 @functools.total_ordering
@@ -103,7 +108,7 @@ def _ranking(
     return key
 
 
-def _summed(rows: list[dict], columns: Sequence[str]) -> Counter:
+def summed(rows: list[dict], columns: Sequence[str]) -> Counter:
     """Rows ``(columns..., _diff)`` summed per distinct ``columns`` tuple, zeros dropped."""
     out: Counter = Counter()
     for r in rows:
@@ -141,14 +146,14 @@ def refresh_on_driver(
     ``delta``: the input's updates ``(columns..., _diff)``; ``store``: the view's
     :class:`ops.reduce.StateStore`, with ``read_rows`` and ``write_rows``.
     """
-    if not store.small or DRIVER_TOPK_ROWS <= 0 or store.read_rows is None:
+    if not store.small or DRIVER_STATE_ROWS <= 0 or store.read_rows is None:
         return None, delta
     if store.write_rows is None:
         return None, delta
-    if not all(isinstance(f.dataType, _EXACT) for f in delta.schema.fields):
+    if not exact_types(delta.schema):
         return None, delta
-    held = delta.limit(DRIVER_TOPK_ROWS + 1).toArrow()
-    if held.num_rows > DRIVER_TOPK_ROWS:
+    held = delta.limit(DRIVER_STATE_ROWS + 1).toArrow()
+    if held.num_rows > DRIVER_STATE_ROWS:
         return None, delta
     delta = store.spark.createDataFrame(held, schema=delta.schema)  # computed once, either way
     count_table, first_table = branch.tables
@@ -164,7 +169,7 @@ def refresh_on_driver(
     if not node.partition:
         for r in change_rows:
             r[GLOBAL_KEY] = 0
-    change = _summed(change_rows, cols)
+    change = summed(change_rows, cols)
     touched = list({row[:width] for row in change})
     key_table = pa.table({c: [g[i] for g in touched] for i, c in enumerate(keys)})
     buffered = store.read_rows(first_table, keys, key_table, store.old)
@@ -172,8 +177,8 @@ def refresh_on_driver(
     if buffered is None or counted is None:
         return None, delta
 
-    first_old = _by_group(_summed(buffered.to_pylist(), cols), width)
-    count_old = _summed(counted.to_pylist(), keys)
+    first_old = _by_group(summed(buffered.to_pylist(), cols), width)
+    count_old = summed(counted.to_pylist(), keys)
     counts = Counter()
     for row, n in change.items():
         counts[row[:width]] += n

@@ -11,10 +11,11 @@ answers "what are the groups' results at time ``t``" for the groups a change tou
 - *hierarchical* (MIN/MAX) and *topk*: a tower (see :mod:`ivm.plan.reduce`). A change to
   level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
   entries), and passes on only the buckets whose result changed; a level whose change is
-  empty stops the climb.
+  empty stops the climb. A small change climbs a MIN/MAX tower on the driver (:mod:`ops.climb`).
 - *buffer* (TopK over a stateless input): per group, its first ``k + spare`` rows and its row
   count; the touched groups' buffers are merged with the change ranked at or above their last
-  row, and a group left short is refilled from its input evaluated from scratch.
+  row, and a group left short is refilled from its input evaluated from scratch. A small
+  change is merged on the driver (:mod:`ops.buffer`).
 - *basic*: the touched groups are recomputed by Spark from the branch's input arrangement.
 - *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on.
 - *threshold*: per-row counts of both inputs of INTERSECT/EXCEPT, and the multiplicity rule.
@@ -53,6 +54,7 @@ from ivm.plan.reduce import (
 )
 from ops import DIFF, TIME
 from ops.buffer import refresh_on_driver
+from ops.climb import climb_on_driver
 from ops.consolidate import consolidate
 from resources.spark import is_connect
 
@@ -405,6 +407,12 @@ def _parent(b: Column) -> Column:
     return F.shiftright(b, FANOUT_BITS)
 
 
+def _with_buckets(level0: DataFrame, leaf_values: Sequence[str], levels: int) -> DataFrame:
+    """Level 0's rows with their bucket ``_b`` and its parent ``_p`` at level 1."""
+    with_bucket = level0.withColumn("_b", _bucket(list(leaf_values), levels))
+    return with_bucket.withColumn("_p", _parent(_c("_b")))
+
+
 @dataclass(frozen=True)
 class _Tower:
     """What a tower keeps per bucket and how a bucket's children reduce to it."""
@@ -430,10 +438,8 @@ def _climb(
     23.6-28.7s before these two shortcuts."""
     keys = list(tower.keys)
     tables = branch.tables
-    leaf = (
-        level0.withColumn("_b", _bucket(list(tower.leaf_values), branch.levels))
-        .withColumn("_p", _parent(_c("_b")))
-        .withColumn(TIME, F.lit(store.new).cast("bigint"))
+    leaf = _with_buckets(level0, tower.leaf_values, branch.levels).withColumn(
+        TIME, F.lit(store.new).cast("bigint")
     )
     # A projection of a kept frame costs less to recompute for each reader than a copy.
     delta = (
@@ -848,7 +854,10 @@ def _minmax_values(
         tkeys = [k for k in keys if k != GLOBAL_KEY]
         tower = _Tower(tuple(tkeys), tuple(values), (arg,), _minmax_combine(funcs, arg))
         unique = grain is not None and set(grain) - {GLOBAL_KEY} == {*tkeys, arg}
-        _climb(store, branch, tower, delta.select(*[_c(k) for k in tkeys], _c(arg), DIFF), unique)
+        level0 = delta.select(*[_c(k) for k in tkeys], _c(arg), DIFF)
+        leaf = _with_buckets(level0, [arg], branch.levels)
+        if not climb_on_driver(store, branch, tkeys, arg, funcs, leaf):
+            _climb(store, branch, tower, level0, unique)
         read_key, group_cols = [*tkeys, "_b"], tkeys
         probe = (
             touched.select(*[_c(k) for k in tkeys]) if tkeys else store.spark.range(1).select()

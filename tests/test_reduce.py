@@ -198,14 +198,22 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path):
     assert refilled == {"top_lines"}, messages
 
 
-def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_path):
+@pytest.mark.parametrize("by_driver", [False, True], ids=["spark", "driver"])
+def test_deleting_the_minimum_reexamines_few_entries(
+    spark, make_project, tmp_path, monkeypatch, by_driver
+):
     """One group of 20,000 values: deleting its minimum and maximum reads a few pages of
-    each tower level, not the group (rows measured in Spark's Parquet scans)."""
+    each tower level, not the group (rows measured in Spark's Parquet scans). The driver's
+    climb (``ops.climb``, for a small change) reads whole files but runs no Spark job."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
+    import ops.buffer
     from ivm.oracle import compare_views
     from ops.arrange import PAGE_ROWS
+
+    if not by_driver:
+        monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
 
     n = 20_000
     path = str(tmp_path / "big")
@@ -225,9 +233,11 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
         },
         {"big": path},
     )
-    engine = Engine(root, spark=spark, measure_lookups=True)
+    messages: list[str] = []
+    engine = Engine(root, spark=spark, measure_lookups=True, progress=messages.append)
     assert engine.refresh().ok
     DeltaTable(path).delete(f"g = 'x' AND v IN (0, {n - 1})")
+    messages.clear()
     report = engine.refresh()
     assert report.ok
     assert all(c.equal for c in compare_views(engine)), [
@@ -242,6 +252,15 @@ def test_deleting_the_minimum_reexamines_few_entries(spark, make_project, tmp_pa
     lookups = report.views[0].lookups
     levels = sorted(k for k in lookups if ".min_max_v.l" in k)
     assert len(levels) == 5, levels  # 4 levels above the values' level
+    climbed = [m for m in messages if "tower climbed by the driver" in m]
+    jobs = report.views[0].spark_jobs or 0  # 23 against 67 when written (scans measured)
+    if by_driver:
+        assert climbed == [
+            "extremes: min/max(v): tower climbed by the driver (4 level(s) reached, 2 change rows)"
+        ], messages
+        assert jobs <= 30, jobs
+        return
+    assert not climbed and jobs >= 45, (messages, jobs)
     for name in levels:
         st = lookups[name]
         assert st.rows_scanned <= 4 * PAGE_ROWS, (name, st)
@@ -266,7 +285,7 @@ def test_buffered_topk_refills_only_a_depleted_group(
     from ops import DIFF
 
     if not by_driver:
-        monkeypatch.setattr(ops.buffer, "DRIVER_TOPK_ROWS", 0)
+        monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
 
     path = str(tmp_path / "t")
     rows = {"g": ["x"] * 1000 + ["y"] * 3 + [None] * 2, "v": [*range(1000), 7, 8, 9, 1, 2]}

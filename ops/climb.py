@@ -1,0 +1,116 @@
+"""A MIN/MAX tower's climb computed by the driver, when the change and the buckets are small.
+
+:func:`ops.reduce._climb` carries a change up a tower (see :mod:`ivm.plan.reduce`) on Spark:
+per level a lookup of the touched buckets' children, one of their old entries, a summing pass
+and a write, some five Spark jobs a level however small the change (SF1 ``pricing_summary``, a
+6-level tower over ``l_shipdate``: 30 jobs a refresh for 8 changed rows). When the inputs'
+change is small (the engine's ``small_change``), the level-0 change has at most
+:data:`~ops.buffer.DRIVER_STATE_ROWS` rows and each level's lookups open few rows
+(:func:`ops.arrange.lookup_rows`), this module climbs on the driver: one Spark job collects
+the level-0 change (its buckets hashed by Spark), every level is computed in Python before
+anything is written, then each level's change is written by the driver.
+
+It hands back to Spark (None, nothing written) for a column of floating-point type (Spark's
+NaN rules), a type the driver does not write, or too many rows.
+
+Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce._climb`: given level 0's change
+``Δ`` at ``new`` (``(keys..., value, _diff)``) and levels holding the tower up to ``old``, each
+level ``l`` gets at ``new`` the change of its touched buckets' entries ``(keys..., _p, _b,
+values..., _diff)``: ``+1`` for each bucket's new MIN/MAX of its children, ``-1`` for its old
+one, consolidated; a level whose change is empty ends the climb.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from ivm.plan.reduce import FANOUT_BITS, Branch
+from ops import DIFF, TIME, buffer
+from ops.buffer import exact_types, summed
+
+
+def _extreme(func: str, values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return min(present) if func == "min" else max(present)
+
+
+def climb_on_driver(
+    store: Any,
+    branch: Branch,
+    keys: Sequence[str],
+    arg: str,
+    funcs: Sequence[str],
+    leaf: DataFrame,
+) -> bool:
+    """Carry level 0's change ``leaf`` (``(keys..., arg, _diff, _b, _p)``, buckets set)
+    up a MIN/MAX tower on the driver and write every level; False (nothing written) when
+    Spark must (:func:`ops.reduce._climb`)."""
+    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
+    if not store.small or most <= 0 or store.read_rows is None:
+        return False
+    if store.write_rows is None or not exact_types(leaf.schema):
+        return False
+    held = leaf.limit(most + 1).toArrow()
+    if held.num_rows > most:
+        return False
+    keys = list(keys)
+    values = [f"_{f}" for f in funcs]
+    leaf_cols = [*keys, "_p", "_b", arg]
+    level_cols = [*keys, "_p", "_b", *values]
+    delta = summed(held.to_pylist(), leaf_cols)
+    if not delta:
+        return False  # nothing to climb: Spark records the empty epoch
+    width = len(keys)
+    changes: list[Counter] = [delta]
+    schemas: list[pa.Schema] = []
+    for level in range(1, branch.levels + 1):
+        if not delta:
+            break
+        parents = list({row[: width + 1] for row in delta})  # (keys..., _p)
+        probe = pa.table({c: [p[i] for p in parents] for i, c in enumerate([*keys, "_p"])})
+        below = store.read_rows(branch.tables[level - 1], [*keys, "_p"], probe, store.old)
+        if below is None:
+            return False
+        children = summed(below.to_pylist(), leaf_cols if level == 1 else level_cols)
+        children.update(delta)  # the level below at ``new``: at ``old`` plus its change
+        entries: dict[tuple, list[tuple]] = {}
+        for row, n in children.items():
+            if n > 0:
+                entries.setdefault(row[: width + 1], []).append(row)
+        fresh: Counter = Counter()
+        for parent, rows in entries.items():
+            if level == 1:
+                found = [_extreme(f, [r[width + 2] for r in rows]) for f in funcs]
+            else:
+                found = [_extreme(f, [r[width + 2 + i] for r in rows]) for i, f in enumerate(funcs)]
+            b = parent[width]
+            fresh[(*parent[:width], b >> FANOUT_BITS, b, *found)] += 1
+        probe = probe.rename_columns([*keys, "_b"])
+        now = store.read_rows(branch.tables[level], [*keys, "_b"], probe, store.old)
+        if now is None:
+            return False
+        change = Counter(fresh)
+        change.subtract(summed(now.to_pylist(), level_cols))
+        delta = Counter({row: n for row, n in change.items() if n})
+        changes.append(delta)
+        schemas += [below.schema] if level == 1 else []
+        schemas.append(now.schema)
+    new = store.new
+    for level, (rows, schema) in enumerate(zip(changes, schemas, strict=True)):
+        cols = leaf_cols if level == 0 else level_cols
+        updates = [
+            {**dict(zip(cols, row, strict=True)), TIME: new, DIFF: n} for row, n in rows.items()
+        ]
+        store.write_rows(branch.tables[level], pa.Table.from_pylist(updates, schema=schema))
+    store.progress(
+        f"{branch.name}: tower climbed by the driver ({len(changes) - 1} level(s) reached, "
+        f"{len(changes[0])} change rows)"
+    )
+    return True
