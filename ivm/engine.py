@@ -1249,28 +1249,37 @@ class Engine:
         from ops.sink import DRIVER_CHANGE_ROWS
         from resources.lake import spark_compatible_schema
 
-        def write(table, updates, rows_hint: int | None = None) -> int | None:
+        def committed(table, by_driver: bool, commit) -> int | None:
+            """Commit one epoch of a state table once: ``commit(uri, metadata)``."""
             uri = self.state_uri(plan.name, table.name)
             if self.table_epoch(uri) >= target:
                 return None  # written by an earlier attempt at this epoch
             started = time.perf_counter()
-            result = write_updates(
-                updates,
-                uri,
-                table.key,
-                app_id=self.app_id(uri),
-                epoch=target,
-                metadata={"ivm.state": table.name, "ivm.view": plan.name},
-                overwrite=done == 0 and open_table(uri) is not None,
-                rows_hint=rows_hint,
-                small=small and (rows_hint or 0) <= DRIVER_CHANGE_ROWS,
-            )
+            result = commit(uri, {"ivm.state": table.name, "ivm.view": plan.name})
             crash_point("state_committed")
+            how = ", written by the driver" if by_driver else ""
             self.progress(
-                f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target} "
+                f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target}{how} "
                 f"({time.perf_counter() - started:.2f}s)"
             )
             return result.rows
+
+        def write(table, updates, rows_hint: int | None = None) -> int | None:
+            return committed(
+                table,
+                False,
+                lambda uri, metadata: write_updates(
+                    updates,
+                    uri,
+                    table.key,
+                    app_id=self.app_id(uri),
+                    epoch=target,
+                    metadata=metadata,
+                    overwrite=done == 0 and open_table(uri) is not None,
+                    rows_hint=rows_hint,
+                    small=small and (rows_hint or 0) <= DRIVER_CHANGE_ROWS,
+                ),
+            )
 
         def read(table, key, keys, as_of):
             uri = self.state_uri(plan.name, table.name)
@@ -1296,30 +1305,25 @@ class Engine:
             return rows
 
         def write_rows(table, rows) -> int | None:
-            uri = self.state_uri(plan.name, table.name)
-            if self.table_epoch(uri) >= target:
-                return None  # written by an earlier attempt at this epoch
-            started = time.perf_counter()
-            result = write_held_updates(
-                rows,
-                uri,
-                table.key,
-                spark_compatible_schema(self.table_schema(uri)),
-                app_id=self.app_id(uri),
-                epoch=target,
-                metadata={"ivm.state": table.name, "ivm.view": plan.name},
-            )
-            if result is None:
-                raise InvariantViolation(
-                    f"view {plan.name!r}: state {table.name}: rows of columns "
-                    f"{rows.column_names} do not fit the table's {self.table_schema(uri)}"
+            def commit(uri: str, metadata: dict[str, str]):
+                schema = spark_compatible_schema(self.table_schema(uri))
+                result = write_held_updates(
+                    rows,
+                    uri,
+                    table.key,
+                    schema,
+                    app_id=self.app_id(uri),
+                    epoch=target,
+                    metadata=metadata,
                 )
-            crash_point("state_committed")
-            self.progress(
-                f"{plan.name}: state {table.name}: {result.rows} rows at epoch {target}, "
-                f"written by the driver ({time.perf_counter() - started:.2f}s)"
-            )
-            return result.rows
+                if result is None:
+                    raise InvariantViolation(
+                        f"view {plan.name!r}: state {table.name}: rows of columns "
+                        f"{rows.column_names} do not fit the table's {schema}"
+                    )
+                return result
+
+            return committed(table, True, commit)
 
         def snapshot(node):
             from ivm.plan.ir import collections

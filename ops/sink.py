@@ -119,7 +119,7 @@ file with pyarrow costs less, but not by much. A warm session, SF0.1, whole refr
 20.1s, within the noise."""
 
 
-_FLAT = (
+FLAT_TYPES = (
     T.BooleanType,
     T.ByteType,
     T.ShortType,
@@ -140,8 +140,8 @@ written by Spark."""
 
 def _collect_small(updates: DataFrame) -> pa.Table | None:
     """At most :data:`DRIVER_CHANGE_ROWS` rows of ``updates``, collected in their order as one
-    partition; None if there are more or a column's type is not :data:`_FLAT`."""
-    if not DRIVER_WRITE or not all(isinstance(f.dataType, _FLAT) for f in updates.schema):
+    partition; None if there are more or a column's type is not :data:`FLAT_TYPES`."""
+    if not DRIVER_WRITE or not all(isinstance(f.dataType, FLAT_TYPES) for f in updates.schema):
         return None
     rows = updates.coalesce(1).limit(DRIVER_CHANGE_ROWS + 1).toArrow()
     return None if rows.num_rows > DRIVER_CHANGE_ROWS else rows
