@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
+from ops.rows import semi_join_null_safe
 from ops.sink import append_rows, append_updates
 from resources.lake import CommitResult, local_path, table_file_stats
 
@@ -305,33 +306,12 @@ def lookup_rows(
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     rows = rows.filter(pc.less_equal(rows.column(TIME), as_of))
     stats.rows_scanned = rows.num_rows
-    return _semi_join_null_safe(rows, wanted, key), stats
+    return semi_join_null_safe(rows, wanted, key), stats
 
 
 def schema_of(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     """The part of ``schema`` naming ``columns``, in their order."""
     return pa.schema([schema.field(c) for c in columns])
-
-
-def _semi_join_null_safe(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The rows of ``rows`` whose ``key`` columns equal a row of ``keys`` (distinct), NULL
-    equal to NULL: Arrow's joins never match NULLs, so each key column is compared as (is
-    null, value with NULLs filled by one value both sides share)."""
-    if rows.num_rows == 0 or keys.num_rows == 0:
-        return rows.slice(0, 0)
-    left, right, on = {}, {}, []
-    for i, c in enumerate(key):
-        a, b = rows.column(c), keys.column(c)
-        left[f"_n{i}"], right[f"_n{i}"] = pc.is_null(a), pc.is_null(b)
-        on.append(f"_n{i}")
-        present = pc.drop_null(pa.concat_arrays([*a.chunks, *b.chunks]))
-        if len(present):
-            fill = present[0]
-            left[f"_k{i}"], right[f"_k{i}"] = pc.fill_null(a, fill), pc.fill_null(b, fill)
-            on.append(f"_k{i}")
-    probe = pa.table(left).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
-    hit = probe.join(pa.table(right), keys=on, join_type="left semi", use_threads=False)
-    return rows.take(hit.column("_row").combine_chunks().sort())
 
 
 def distinct_rows(table: pa.Table) -> pa.Table:

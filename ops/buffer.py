@@ -38,23 +38,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from ivm.plan.ir import TopK
 from ivm.plan.reduce import GLOBAL_KEY, Branch, topk_spare
 from ops import DIFF, TIME
-from ops.sink import FLAT_TYPES
+from ops.sink import exact_types
 
 DRIVER_STATE_ROWS = 100_000
 """Most rows of an operator's change, and of the state files a lookup opens, that the driver
 takes on (here and in :mod:`ops.climb`); above (or with 0), Spark does the work."""
 
-_EXACT = tuple(t for t in FLAT_TYPES if t not in (T.FloatType, T.DoubleType))
-"""Column types whose order and equality Python's values share with Spark (strings compare
-by code point, as UTF-8 bytes do), among those the driver writes; floating point (NaN, -0.0)
-is left to Spark."""
-
 Row = tuple[Any, ...]
-
-
-def exact_types(schema: T.StructType) -> bool:
-    """Whether every column of ``schema`` has one of the :data:`_EXACT` types."""
-    return all(isinstance(f.dataType, _EXACT) for f in schema.fields)
 
 
 @functools.total_ordering

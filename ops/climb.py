@@ -31,7 +31,8 @@ from pyspark.sql import DataFrame
 
 from ivm.plan.reduce import FANOUT_BITS, Branch
 from ops import DIFF, TIME, buffer
-from ops.buffer import exact_types, summed
+from ops.buffer import summed
+from ops.sink import exact_types
 
 
 def _extreme(func: str, values: list[Any]) -> Any:

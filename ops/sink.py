@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -38,6 +39,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from ivm.errors import InvariantViolation
 from ops import DIFF
 from ops.ingest import read_files
+from ops.rows import null_safe_matches
 from resources.faults import crash_point
 from resources.lake import (
     CommitResult,
@@ -46,6 +48,7 @@ from resources.lake import (
     StagedFiles,
     collect_staged,
     commit_files,
+    local_path,
     remove_action,
     stage_arrow,
     staging_uri,
@@ -136,6 +139,17 @@ FLAT_TYPES = (
 )
 """Column types the driver writes as Spark does; updates with others (nested, intervals) are
 written by Spark."""
+
+
+EXACT_TYPES = tuple(t for t in FLAT_TYPES if t not in (T.FloatType, T.DoubleType))
+"""Column types whose order and equality Python's and Arrow's values share with Spark (strings
+compare by code point, as UTF-8 bytes do), among those the driver writes; floating point (NaN,
+-0.0) is left to Spark."""
+
+
+def exact_types(schema: T.StructType) -> bool:
+    """Whether every column of ``schema`` has one of the :data:`EXACT_TYPES`."""
+    return all(isinstance(f.dataType, EXACT_TYPES) for f in schema.fields)
 
 
 def _collect_small(updates: DataFrame) -> pa.Table | None:
@@ -541,6 +555,81 @@ def _rows_after_local(
     return untouched.unionByName(fresh), _Held(deletes, observation)
 
 
+DRIVER_REWRITE_ROWS = 4_000_000
+"""Up to this many rows in the files a change sized on the driver may delete from, the driver
+rewrites them itself (:func:`_rewrite_by_driver`), one file at a time, instead of a Spark job
+reading, joining and writing them; 0 leaves every rewrite to Spark. Measured in
+``python -m bench.sink``."""
+
+
+@dataclass
+class _Rewrite:
+    """What :func:`_rewrite_by_driver` staged: the files it replaced (those holding a deleted
+    row) and the first row deleted more times than held, as ``(multiplicity, row)``."""
+
+    staged: StagedFiles
+    replaced: list[DataFile]
+    short: tuple[int, dict] | None = None
+
+
+def _rewrite_by_driver(
+    table_uri: str,
+    epoch: int,
+    candidates: Sequence[DataFile],
+    change: pa.Table,
+    schema: pa.Schema,
+    columns: Sequence[str],
+) -> _Rewrite:
+    """:func:`_rows_after` and its write, by the driver with no Spark job, for a change it
+    holds (``(columns..., _diff)``, consolidated) and candidate files it can read.
+
+    Each candidate file is read whole (its rows are at most :data:`DRIVER_REWRITE_ROWS`), its
+    rows that a deletion names (NULL equal to NULL, every column) are counted per deleted row
+    and left out, and the rest are written back as one file in their order; a candidate
+    holding no deleted row is left as it is (it is not replaced). The inserted rows and the
+    ``held - deleted`` copies of rows held more often than deleted go to one new file, sorted
+    as Spark sorts (NULLs first). Nothing is staged when a row is deleted more times than
+    the candidates hold it (``short``)."""
+    change = change.select([*columns, DIFF])
+    diffs = change.column(DIFF)
+    deletes = change.filter(pc.less(diffs, 0))
+    wanted = deletes.select(list(columns)).cast(schema)
+    held = [0] * deletes.num_rows
+    kept_parts: list[tuple[DataFile, pa.Table]] = []
+    for f in candidates:
+        rows = pq.read_table(local_path(f.uri), columns=list(columns)).cast(schema)
+        pairs = null_safe_matches(rows, wanted, columns)
+        if not pairs.num_rows:
+            continue
+        for i in pairs.column("_key").to_pylist():
+            held[i] += 1
+        hit = pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=pairs.column("_row"))
+        kept_parts.append((f, rows.filter(pc.invert(hit))))
+    repeat: list[int] = []
+    for i, d in enumerate(deletes.column(DIFF).to_pylist()):
+        left = held[i] + d
+        if left < 0:
+            row = {c: deletes.column(c)[i].as_py() for c in columns}
+            return _Rewrite(StagedFiles([], 0, 0, schema), [], (left, row))
+        repeat += [i] * left
+    inserts = change.filter(pc.greater(diffs, 0))
+    copies = [i for i, d in enumerate(inserts.column(DIFF).to_pylist()) for _ in range(d)]
+    fresh = pa.concat_tables(
+        [
+            inserts.select(list(columns)).cast(schema).take(pa.array(copies, pa.int64())),
+            wanted.take(pa.array(repeat, pa.int64())),
+        ]
+    )
+    staged_uri = staging_uri(table_uri, epoch, "rows")
+    for _, rows in kept_parts:
+        if rows.num_rows:
+            stage_arrow(staged_uri, rows)
+    if fresh.num_rows:
+        stage_arrow(staged_uri, fresh.sort_by([(c, "ascending", "at_start") for c in columns]))
+    crash_point("staged")
+    return _Rewrite(collect_staged(table_uri, staged_uri), [f for f, _ in kept_parts])
+
+
 def _checked(cols: Sequence[Column]) -> Column:
     """``_diff``, or the write's failure naming the row when it is negative."""
     return (
@@ -612,7 +701,7 @@ def apply_to_table(
     if cached:
         net = net.persist()
     try:
-        deletes = None
+        deletes = rows = None
         if positive:  # its size is known once written
             inserted, deleted, bounds = rows_hint or 0, 0, {}
         elif local:
@@ -629,6 +718,25 @@ def apply_to_table(
         if deleted and not candidates and not overwrite:
             return _nothing_to_delete_from(spark, net, table_uri, app_id, epoch, label)
         existing_rows = sum(f.num_records or 0 for f in candidates)
+        if (
+            rows is not None
+            and candidates
+            and exact_types(net.schema)
+            and all(f.num_records is not None for f in candidates)
+            and existing_rows <= DRIVER_REWRITE_ROWS
+        ):
+            return _apply_by_driver(
+                table_uri,
+                rows,
+                candidates,
+                schema,
+                columns,
+                (inserted, deleted),
+                app_id=app_id,
+                epoch=epoch,
+                metadata=metadata,
+                label=label,
+            )
         rows_out, held = _rows_after(
             spark, net, candidates, schema, columns, (inserted, deleted), overwrite, deletes, types
         )
@@ -714,6 +822,47 @@ def apply_to_table(
     finally:
         if cached:
             net.unpersist()
+
+
+def _apply_by_driver(
+    table_uri: str,
+    change: pa.Table,
+    candidates: Sequence[DataFile],
+    schema: pa.Schema,
+    columns: Sequence[str],
+    sizes: tuple[int, int],
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+    label: str,
+) -> TableChange:
+    """:func:`apply_to_table`'s rewrite and commit when the driver rewrites the candidate
+    files (:func:`_rewrite_by_driver`): only the files holding a deleted row are replaced."""
+    inserted, deleted = sizes
+    rewrite = _rewrite_by_driver(table_uri, epoch, candidates, change, schema, columns)
+    if rewrite.short is not None:
+        if (transaction_version(table_uri, app_id) or 0) >= epoch:
+            return _already_applied(table_uri, epoch)
+        raise _negative(label, epoch, rewrite.short[0], str(rewrite.short[1]))
+    rewritten = sum(f.num_records or 0 for f in rewrite.replaced)
+    if rewrite.staged.rows != rewritten + inserted - deleted:
+        raise InvariantViolation(
+            f"view {label!r} epoch {epoch}: wrote {rewrite.staged.rows} rows, expected "
+            f"{rewritten + inserted - deleted} (the files' row counts disagree with their rows)"
+        )
+    commit = commit_files(
+        table_uri,
+        app_id=app_id,
+        epoch=epoch,
+        schema=schema,
+        adds=rewrite.staged.adds,
+        removes=[remove_action(table_uri, f) for f in rewrite.replaced],
+        metadata=metadata,
+        description=f"ivm view {label}: its current rows",
+    )
+    commit.rows, commit.bytes = rewrite.staged.rows, rewrite.staged.bytes
+    return TableChange(commit, inserted, deleted, len(rewrite.replaced), rewritten)
 
 
 def _already_applied(table_uri: str, epoch: int) -> TableChange:

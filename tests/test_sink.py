@@ -1,8 +1,9 @@
 """The readable table's sink on the real stack: a net change applied to a Delta table with
 several files rewrites only the files that may hold a deleted row, keeps them sorted, counts
 duplicates and NULLs exactly, and refuses deletions of rows the table does not hold. Each
-runs both ways a change is sized and its files found: by Spark jobs, and on the driver (a
-change whose size bound is at most ``DRIVER_CHANGE_ROWS``)."""
+runs the three ways a change reaches the table: sized and its files found by Spark jobs;
+sized on the driver (a change whose size bound is at most ``DRIVER_CHANGE_ROWS``) and
+rewritten by Spark; sized and rewritten by the driver (``DRIVER_REWRITE_ROWS``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
+import ops.sink
 from ivm.errors import InvariantViolation
 from ops import DIFF
 from ops.sink import PER_ROW_PRUNE_FILES, apply_to_table
@@ -47,14 +49,22 @@ def apply(spark, uri: str, epoch: int, *rows, overwrite: bool = False, local: bo
     )
 
 
-WAYS = pytest.mark.parametrize("local", [False, True], ids=["by Spark", "on the driver"])
+@pytest.fixture(
+    params=["spark", "sized", "driver"],
+    ids=["by Spark", "sized on the driver", "rewritten by the driver"],
+)
+def local(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The three ways a change reaches the table: sized and its files found by Spark jobs;
+    sized on the driver and the files rewritten by Spark; both on the driver."""
+    if request.param == "sized":
+        monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", 0)
+    return request.param != "spark"
 
 
 def contents(uri: str) -> Counter:
     return Counter(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
 
 
-@WAYS
 def test_deletes_rewrite_only_the_files_that_may_hold_them(
     spark, tmp_path: Path, local: bool
 ) -> None:
@@ -85,7 +95,6 @@ def test_deletes_rewrite_only_the_files_that_may_hold_them(
     assert not again.commit.committed and contents(uri)[(1, "a")] == 2
 
 
-@WAYS
 def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, local: bool) -> None:
     uri = str(tmp_path / "t")
     # Nine files of keys 10i..10i+1 (the first also holds a NULL key named "zz").
@@ -101,7 +110,6 @@ def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, local: bool) ->
     assert contents(uri) == before - Counter({(0, "a"): 1, (None, "zz"): 1, (81, "a"): 1})
 
 
-@WAYS
 @pytest.mark.parametrize(
     ("row", "multiplicity"),
     [((1, "a", -3), "-1"), ((2, "a", -1), "-1"), ((1, "z", -1), "-1"), ((7, "a", -2), "-2")],
@@ -124,11 +132,14 @@ def test_deleting_rows_the_table_does_not_hold_commits_nothing(
     assert contents(uri) == Counter({(1, "a"): 2, (2, "b"): 1})
 
 
-def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Path) -> None:
+def test_a_rewrite_sized_on_the_driver_reads_its_files_once(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The scan that keeps the untouched rows also counts the deleted rows' copies: the
     candidate files' rows are scanned once, not a second time to count them."""
     from bench.scans import ScanRows
 
+    monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", 0)  # Spark rewrites
     uri = str(tmp_path / "views" / "t")  # a readable table under the lake root
     apply(spark, uri, 1, *[(k, "a", 1) for k in range(40)], (3, "b", 2), overwrite=True)
     scans = ScanRows(spark, str(tmp_path))
@@ -139,6 +150,63 @@ def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Pat
     assert contents(uri) == Counter(
         {(k, "a"): 1 for k in range(40) if k != 7} | {(3, "b"): 1, (99, "z"): 1}
     )
+
+
+def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hits(
+    spark, tmp_path: Path
+) -> None:
+    """The driver rewrites a small change's candidate files with no Spark job of its own; a candidate
+    that the statistics could not rule out but that holds no deleted row stays as it is; a
+    row held twice and deleted once is written back once; floating point goes to Spark."""
+    from resources.spark import JobGroup
+
+    def jobs_of(*args, **kwargs):
+        group = JobGroup("t", "apply")
+        group.open(spark)
+        try:
+            change = apply(spark, *args, **kwargs)
+        finally:
+            jobs = group.close(spark)
+        return change, jobs
+
+    uri = str(tmp_path / "t")
+    for epoch, base in enumerate((0, 20, 40), start=1):
+        rows = [(base + k, "a", 1) for k in range(10)]
+        apply(spark, uri, epoch, *rows, *([(base + 5, "b", 2)] if base == 40 else []))
+    middle = [u for u in DeltaTable(uri).file_uris() if pq.read_table(u)["k"][0].as_py() == 20]
+    before = contents(uri)
+    # The deleted rows' range (5-45) covers all three files; the middle one holds none.
+    change, jobs = jobs_of(uri, 4, (5, "a", -1), (45, "b", -1), (30, "new", 1), local=True)
+    assert jobs == 1  # collecting the change (the engine hands over the rows it logged)
+    assert (change.inserted, change.deleted) == (1, 2)
+    assert (change.files_rewritten, change.rows_rewritten) == (2, 10 + 12)
+    assert set(middle) <= set(DeltaTable(uri).file_uris())
+    assert contents(uri) == before - Counter({(5, "a"): 1, (45, "b"): 1}) + Counter(
+        {(30, "new"): 1}
+    )
+    for path in DeltaTable(uri).file_uris():
+        keys = pq.read_table(path).column("k").to_pylist()
+        assert keys == sorted(keys), path
+    floats = str(tmp_path / "f")
+    spark_rows = spark.createDataFrame([(1.5, 1), (2.5, 1)], "x double, _diff long")
+    for epoch, net in ((1, spark_rows), (2, spark_rows.selectExpr("x", "-_diff AS _diff"))):
+        group = JobGroup("f", "apply")
+        group.open(spark)
+        try:
+            apply_to_table(
+                spark,
+                net.limit(1),
+                floats,
+                app_id="t",
+                epoch=epoch,
+                metadata={},
+                label="f",
+                overwrite=epoch == 1,
+                rows_hint=1,
+            )
+        finally:
+            jobs = group.close(spark)
+    assert jobs > 0 and DeltaTable(floats).to_pyarrow_table().num_rows == 0
 
 
 def _typed_updates(spark, n: int):
