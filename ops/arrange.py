@@ -26,16 +26,24 @@ from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
 from ops.rows import semi_join_null_safe
 from ops.sink import append_rows, append_updates
-from resources.lake import CommitResult, local_path, table_file_stats
+from resources.lake import (
+    CommitResult,
+    DataFile,
+    local_path,
+    spark_compatible_schema,
+    table_file_stats,
+)
 
 PUSHDOWN_KEYS = 400
 """Values per pushed-down ``IN (...)`` list. Spark turns the list into a chain of ORs for
@@ -248,6 +256,25 @@ def lookup(
             scans.append(([f.file for f in live], k0.isNull()))
     else:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
+    if scans and scans[0][1] is None and not null_first and DRIVER_LOOKUP_ROWS:
+        read = _read_once_by_driver(
+            scans[0][0],
+            schema,
+            key,
+            found,
+            first,
+            as_of,
+            None if raw else data,
+            stats if measure else None,
+        )
+        if read is not None:
+            table, summed = read
+            stats.files_opened = len(scans[0][0])
+            stats.rows_in_opened_files = sum(f.num_records or 0 for f in scans[0][0])
+            frame = spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+            if raw or summed:
+                return frame, stats
+            return consolidate(frame, data, by_time=False), stats
     narrow = _narrowing(key, rows)
     if narrow is not None:
         scans = [(chosen, cond if cond is None else cond & narrow) for chosen, cond in scans]
@@ -274,6 +301,78 @@ def lookup(
     if raw:
         return df, stats
     return consolidate(df, data, by_time=False), stats
+
+
+DRIVER_LOOKUP_ROWS = 100_000
+"""A lookup that reads its files once (many keys, :data:`PUSH_RATIO`) is read by the driver
+(:func:`_read_once_by_driver`) while the rows whose first key column matches stay within this
+many; more, or 0, and Spark reads them. Measured: SF1 ``lineitem``'s arrangement (6.1M
+updates, 21 files), 3,000 keys: the driver's scan 0.37-0.42s against Spark's read-once job
+1.0-1.1s, the same rows."""
+
+
+def _exact_arrow(t: pa.DataType) -> bool:
+    """Arrow types whose equality and grouping the driver shares with Spark (no floating
+    point: NaN and -0.0)."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+    )
+
+
+def _read_once_by_driver(
+    files: Sequence[DataFile],
+    schema: pa.Schema,
+    key: Sequence[str],
+    found: pa.Table,
+    first: Sequence[object],
+    as_of: int,
+    data: Sequence[str] | None,
+    stats: LookupStats | None = None,
+) -> tuple[pa.Table, bool] | None:
+    """:func:`lookup`'s read-once scan by the driver (Arrow's multi-threaded Parquet scan,
+    files and row groups pruned by the first key column's range): the updates with ``_time
+    <= as_of`` whose key equals a row of ``found`` (distinct, NULL equal to NULL), with
+    ``schema``'s columns, or, given ``data``, those columns summed per ``data`` with zero
+    sums dropped (``(data..., _diff)``; the flag says whether they were summed).
+    ``stats``: where to add the rows the scan decodes (``rows_scanned``, a benchmark's
+    measure). None when a key column is not of an exact type or more than
+    :data:`DRIVER_LOOKUP_ROWS` rows match the first key column: Spark reads them."""
+    types = spark_compatible_schema(schema)
+    if not all(_exact_arrow(types.field(k).type) for k in key):
+        return None
+    if data is not None:
+        types = schema_of(types, [*data, TIME, DIFF])
+    k0 = types.field(key[0]).type
+    condition = pc.field(key[0]).isin(pa.array(first, k0)) & (pc.field(TIME) <= as_of)
+    dataset = ds.dataset([local_path(f.uri) for f in files], schema=types, format="parquet")
+    if stats is not None:  # the rows of the row groups whose statistics admit a key
+        stats.rows_scanned += sum(
+            group.num_rows
+            for fragment in dataset.get_fragments()
+            for part in fragment.split_by_row_group(condition)
+            for group in part.row_groups
+        )
+    batches, rows = [], 0
+    for batch in dataset.to_batches(columns=types.names, filter=condition):
+        rows += batch.num_rows
+        if rows > DRIVER_LOOKUP_ROWS:
+            return None
+        if batch.num_rows:
+            batches.append(batch.cast(types))
+    matched = pa.Table.from_batches(batches, schema=types)
+    matched = semi_join_null_safe(matched, found.cast(schema_of(types, key)), key)
+    if data is None or not all(_exact_arrow(types.field(c).type) for c in data):
+        return matched, False  # (floating point is summed by Spark, its own way)
+    summed = matched.group_by(list(data), use_threads=False).aggregate([(DIFF, "sum")])
+    summed = summed.select([*data, f"{DIFF}_sum"]).rename_columns([*data, DIFF])
+    return summed.filter(pc.not_equal(summed.column(DIFF), 0)), True
 
 
 def lookup_rows(
