@@ -36,7 +36,7 @@ from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
 from ops.rows import semi_join_null_safe
-from ops.sink import append_rows, append_updates
+from ops.sink import append_rows, append_updates, exact_types
 from resources.lake import (
     CommitResult,
     DataFile,
@@ -311,21 +311,6 @@ updates, 21 files), 3,000 keys: the driver's scan 0.37-0.42s against Spark's rea
 1.0-1.1s, the same rows."""
 
 
-def _exact_arrow(t: pa.DataType) -> bool:
-    """Arrow types whose equality and grouping the driver shares with Spark (no floating
-    point: NaN and -0.0)."""
-    return (
-        pa.types.is_integer(t)
-        or pa.types.is_decimal(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-    )
-
-
 def _read_once_by_driver(
     files: Sequence[DataFile],
     schema: pa.Schema,
@@ -345,7 +330,7 @@ def _read_once_by_driver(
     measure). None when a key column is not of an exact type or more than
     :data:`DRIVER_LOOKUP_ROWS` rows match the first key column: Spark reads them."""
     types = spark_compatible_schema(schema)
-    if not all(_exact_arrow(types.field(k).type) for k in key):
+    if not exact_types(from_arrow_schema(schema_of(types, key))):
         return None
     if data is not None:
         types = schema_of(types, [*data, TIME, DIFF])
@@ -368,7 +353,7 @@ def _read_once_by_driver(
             batches.append(batch.cast(types))
     matched = pa.Table.from_batches(batches, schema=types)
     matched = semi_join_null_safe(matched, found.cast(schema_of(types, key)), key)
-    if data is None or not all(_exact_arrow(types.field(c).type) for c in data):
+    if data is None or not exact_types(from_arrow_schema(schema_of(types, data))):
         return matched, False  # (floating point is summed by Spark, its own way)
     summed = matched.group_by(list(data), use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.select([*data, f"{DIFF}_sum"]).rename_columns([*data, DIFF])
