@@ -11,13 +11,18 @@ path): :class:`ScanRows` raises it for the session, which changes nothing but pl
 The count is after Parquet's row-group and page skipping, before any filter, so it is what a
 query read, without the extra pass of ``Engine(measure_lookups=True)``. Queries the status
 store no longer keeps (``spark.sql.ui.retainedExecutions``, 1,000 by default) are not
-counted: a refresh of the bench's views runs under a hundred.
+counted: a refresh of the bench's views runs under a hundred. The rows the driver decodes
+itself (files of a readable table it rewrites, row groups a lookup reads once, small state
+tables it reads: :func:`resources.lake.count_driver_read`) are added to their part, as Spark
+never sees them.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+
+from resources.lake import driver_reads
 
 AREAS = ("arrangements", "state", "views", "logs", "sources")
 """The parts of the lake rows are counted by, in report order."""
@@ -45,9 +50,11 @@ class ScanRows:
         self._store = spark._jsparkSession.sharedState().statusStore()
         self._root = lake_root
         self._since = -1
+        self._driver: dict[str, int] = {}
 
     def mark(self) -> None:
-        """Count only the queries that start from now on."""
+        """Count only the queries that start from now on (and the driver's reads)."""
+        self._driver = driver_reads()
         executions = self._store.executionsList()
         ids = [executions.apply(i).executionId() for i in range(executions.size())]
         self._since = max(ids, default=-1)
@@ -78,4 +85,7 @@ class ScanRows:
                         out[area_of(found.group(1), self._root)] += int(
                             str(value.get()).replace(",", "")
                         )
+        for path, rows in driver_reads().items():
+            if rows > self._driver.get(path, 0):
+                out[area_of(path, self._root)] += rows - self._driver.get(path, 0)
         return out

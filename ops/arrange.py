@@ -40,6 +40,7 @@ from ops.sink import append_rows, append_updates, exact_types
 from resources.lake import (
     CommitResult,
     DataFile,
+    count_driver_read,
     local_path,
     spark_compatible_schema,
     table_file_stats,
@@ -337,13 +338,15 @@ def _read_once_by_driver(
     k0 = types.field(key[0]).type
     condition = pc.field(key[0]).isin(pa.array(first, k0)) & (pc.field(TIME) <= as_of)
     dataset = ds.dataset([local_path(f.uri) for f in files], schema=types, format="parquet")
-    if stats is not None:  # the rows of the row groups whose statistics admit a key
-        stats.rows_scanned += sum(
+    for fragment in dataset.get_fragments():  # the row groups whose statistics admit a key
+        decoded = sum(
             group.num_rows
-            for fragment in dataset.get_fragments()
             for part in fragment.split_by_row_group(condition)
             for group in part.row_groups
         )
+        count_driver_read(fragment.path, decoded)
+        if stats is not None:
+            stats.rows_scanned += decoded
     batches, rows = [], 0
     for batch in dataset.to_batches(columns=types.names, filter=condition):
         rows += batch.num_rows
@@ -387,6 +390,8 @@ def lookup_rows(
     parts = [
         pq.read_table(local_path(f.file.uri), columns=schema.names).cast(schema) for f in chosen
     ]
+    for f, part in zip(chosen, parts, strict=True):
+        count_driver_read(f.file.uri, part.num_rows)
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     rows = rows.filter(pc.less_equal(rows.column(TIME), as_of))
     stats.rows_scanned = rows.num_rows

@@ -48,6 +48,7 @@ from resources.lake import (
     StagedFiles,
     collect_staged,
     commit_files,
+    count_driver_read,
     local_path,
     remove_action,
     stage_arrow,
@@ -601,6 +602,7 @@ def _rewrite_by_driver(
     kept_parts: list[tuple[DataFile, pa.Table]] = []
     for f in candidates:
         rows = pq.read_table(local_path(f.uri), columns=list(columns)).cast(schema)
+        count_driver_read(f.uri, rows.num_rows)
         pairs = null_safe_matches(rows, wanted, columns)
         if not pairs.num_rows:
             continue

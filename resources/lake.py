@@ -435,6 +435,23 @@ def _join_uri(root: str, path: str) -> str:
     return f"{root}/{unquote(path)}"
 
 
+_driver_reads: dict[str, int] = {}
+_driver_reads_lock = threading.Lock()
+
+
+def count_driver_read(uri: str, rows: int) -> None:
+    """Record that the driver decoded ``rows`` rows of the lake's Parquet file ``uri`` (its
+    own reads, which Spark's scan metrics do not see): a benchmark's measure."""
+    with _driver_reads_lock:
+        _driver_reads[uri] = _driver_reads.get(uri, 0) + rows
+
+
+def driver_reads() -> dict[str, int]:
+    """Rows the driver decoded per file since the process started (:func:`count_driver_read`)."""
+    with _driver_reads_lock:
+        return dict(_driver_reads)
+
+
 def local_path(uri: str) -> str:
     """A local filesystem path for a ``file://`` URI or plain path."""
     return uri[len("file://") :] if uri.startswith("file://") else uri

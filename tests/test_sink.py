@@ -158,6 +158,7 @@ def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hit
     """The driver rewrites a small change's candidate files with no Spark job of its own; a candidate
     that the statistics could not rule out but that holds no deleted row stays as it is; a
     row held twice and deleted once is written back once; floating point goes to Spark."""
+    from bench.scans import ScanRows
     from resources.spark import JobGroup
 
     def jobs_of(*args, **kwargs):
@@ -169,15 +170,18 @@ def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hit
             jobs = group.close(spark)
         return change, jobs
 
-    uri = str(tmp_path / "t")
+    uri = str(tmp_path / "views" / "t")  # a readable table under the lake root
     for epoch, base in enumerate((0, 20, 40), start=1):
         rows = [(base + k, "a", 1) for k in range(10)]
         apply(spark, uri, epoch, *rows, *([(base + 5, "b", 2)] if base == 40 else []))
     middle = [u for u in DeltaTable(uri).file_uris() if pq.read_table(u)["k"][0].as_py() == 20]
     before = contents(uri)
     # The deleted rows' range (5-45) covers all three files; the middle one holds none.
+    scans = ScanRows(spark, str(tmp_path))
+    scans.mark()
     change, jobs = jobs_of(uri, 4, (5, "a", -1), (45, "b", -1), (30, "new", 1), local=True)
     assert jobs == 1  # collecting the change (the engine hands over the rows it logged)
+    assert scans.rows() == {"views": 10 + 10 + 12}  # the driver read the three candidates
     assert (change.inserted, change.deleted) == (1, 2)
     assert (change.files_rewritten, change.rows_rewritten) == (2, 10 + 12)
     assert set(middle) <= set(DeltaTable(uri).file_uris())
