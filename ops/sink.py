@@ -592,15 +592,17 @@ def _rewrite_by_driver(
     and left out, and the rest are written back as one file in their order; a candidate
     holding no deleted row is left as it is (it is not replaced). The inserted rows and the
     ``held - deleted`` copies of rows held more often than deleted go to one new file, sorted
-    as Spark sorts (NULLs first). Nothing is staged when a row is deleted more times than
-    the candidates hold it (``short``)."""
+    as Spark sorts (NULLs first). A row deleted more times than the candidates hold it is
+    returned as ``short``, with nothing to commit (the files staged so far are left for
+    vacuum, as a refused Spark write leaves its own)."""
     change = change.select([*columns, DIFF])
     diffs = change.column(DIFF)
     deletes = change.filter(pc.less(diffs, 0))
     wanted = deletes.select(list(columns)).cast(schema)
     held = [0] * deletes.num_rows
-    kept_parts: list[tuple[DataFile, pa.Table]] = []
-    for f in candidates:
+    staged_uri = staging_uri(table_uri, epoch, "rows")
+    replaced: list[DataFile] = []
+    for f in candidates:  # one file's rows at a time; what a refused change staged, vacuum removes
         rows = pq.read_table(local_path(f.uri), columns=list(columns)).cast(schema)
         count_driver_read(f.uri, rows.num_rows)
         pairs = null_safe_matches(rows, wanted, columns)
@@ -609,7 +611,10 @@ def _rewrite_by_driver(
         for i in pairs.column("_key").to_pylist():
             held[i] += 1
         hit = pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=pairs.column("_row"))
-        kept_parts.append((f, rows.filter(pc.invert(hit))))
+        kept = rows.filter(pc.invert(hit))
+        if kept.num_rows:
+            stage_arrow(staged_uri, kept)
+        replaced.append(f)
     repeat: list[int] = []
     for i, d in enumerate(deletes.column(DIFF).to_pylist()):
         left = held[i] + d
@@ -625,14 +630,10 @@ def _rewrite_by_driver(
             wanted.take(pa.array(repeat, pa.int64())),
         ]
     )
-    staged_uri = staging_uri(table_uri, epoch, "rows")
-    for _, rows in kept_parts:
-        if rows.num_rows:
-            stage_arrow(staged_uri, rows)
     if fresh.num_rows:
         stage_arrow(staged_uri, fresh.sort_by([(c, "ascending", "at_start") for c in columns]))
     crash_point("staged")
-    return _Rewrite(collect_staged(table_uri, staged_uri), [f for f, _ in kept_parts])
+    return _Rewrite(collect_staged(table_uri, staged_uri), replaced)
 
 
 def _checked(cols: Sequence[Column]) -> Column:
