@@ -2,9 +2,9 @@
 
 One module per family, mirroring the planner: :mod:`ops.ingest` (sources and views -> updates),
 :mod:`ops.stateless` (filter, project, union all), :mod:`ops.consolidate`, :mod:`ops.sink`
-(writing updates and readable tables), :mod:`ops.rows` (rows the driver holds), :mod:`ops.arrange`,
-:mod:`ops.join`, :mod:`ops.reduce`
-and :mod:`ops.buffer` (a buffered TopK computed by the driver when its change is small).
+(writing updates and readable tables), :mod:`ops.rows` (rows the driver holds),
+:mod:`ops.arrange`, :mod:`ops.join`, :mod:`ops.reduce` and :mod:`ops.buffer` (a buffered TopK
+computed by the driver when its change is small).
 Operators decide nothing the plan has not decided.
 """
 

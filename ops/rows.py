@@ -44,8 +44,8 @@ def null_safe_matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) ->
 
 
 def semi_join_null_safe(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """The rows of ``rows`` whose ``columns`` equal a row of ``keys`` (distinct), NULL equal
-    to NULL, in their order."""
+    """The rows of ``rows`` whose ``columns`` equal a row of ``keys``, NULL equal to NULL,
+    each once (however many keys it matches), in their order."""
     if rows.num_rows == 0 or keys.num_rows == 0:
         return rows.slice(0, 0)
-    return rows.take(null_safe_matches(rows, keys, columns).column("_row"))
+    return rows.take(pc.unique(null_safe_matches(rows, keys, columns).column("_row")))

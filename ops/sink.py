@@ -460,15 +460,27 @@ class _Held:
         first row deleted more times than held, as ``(multiplicity, row)``."""
         found = self.observation.get["ids"]
         held = Counter(int(i) for i in found.split(",")) if found else Counter()
-        deleted = [-d for d in self.deletes.column(DIFF).to_pylist()]
-        repeat: list[int] = []
-        for i, d in enumerate(deleted):
-            left = held.get(i, 0) - d
-            if left < 0:
-                row = {c: self.deletes.column(c)[i].as_py() for c in columns}
-                return None, (left, row)
-            repeat += [i] * left
-        return (self.deletes.select(list(columns)).take(repeat) if repeat else None), None
+        return _kept_copies(
+            self.deletes, [held.get(i, 0) for i in range(len(self.deletes))], columns
+        )
+
+
+def _kept_copies(
+    deletes: pa.Table, held: Sequence[int], columns: Sequence[str]
+) -> tuple[pa.Table | None, tuple[int, dict] | None]:
+    """Given ``held[i]``, the copies the table holds of deleted row ``i`` (``deletes``:
+    ``(columns..., _diff)``, negative diffs), the copies to write back (``held - deleted`` of
+    each; None when none), and the first row deleted more times than held, as
+    ``(multiplicity, row)``."""
+    repeat: list[int] = []
+    for i, d in enumerate(deletes.column(DIFF).to_pylist()):
+        left = held[i] + d
+        if left < 0:
+            return None, (left, {c: deletes.column(c)[i].as_py() for c in columns})
+        repeat += [i] * left
+    return (
+        deletes.select(list(columns)).take(pa.array(repeat, pa.int64())) if repeat else None
+    ), None
 
 
 def _rows_after(
@@ -615,21 +627,14 @@ def _rewrite_by_driver(
         if kept.num_rows:
             stage_arrow(staged_uri, kept)
         replaced.append(f)
-    repeat: list[int] = []
-    for i, d in enumerate(deletes.column(DIFF).to_pylist()):
-        left = held[i] + d
-        if left < 0:
-            row = {c: deletes.column(c)[i].as_py() for c in columns}
-            return _Rewrite(StagedFiles([], 0, 0, schema), [], (left, row))
-        repeat += [i] * left
+    kept, short = _kept_copies(deletes, held, columns)
+    if short is not None:
+        return _Rewrite(StagedFiles([], 0, 0, schema), [], short)
     inserts = change.filter(pc.greater(diffs, 0))
     copies = [i for i, d in enumerate(inserts.column(DIFF).to_pylist()) for _ in range(d)]
-    fresh = pa.concat_tables(
-        [
-            inserts.select(list(columns)).cast(schema).take(pa.array(copies, pa.int64())),
-            wanted.take(pa.array(repeat, pa.int64())),
-        ]
-    )
+    fresh = inserts.select(list(columns)).cast(schema).take(pa.array(copies, pa.int64()))
+    if kept is not None:
+        fresh = pa.concat_tables([fresh, kept.cast(schema)])
     if fresh.num_rows:
         stage_arrow(staged_uri, fresh.sort_by([(c, "ascending", "at_start") for c in columns]))
     crash_point("staged")
