@@ -917,11 +917,10 @@ class Engine:
             )
             change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
         else:
-            from ops.ingest import consolidated_on, insertions_only
+            from ops.ingest import consolidated_on, insertions_only, view_changes_by_driver
 
-            net, files = self._net_change(
-                plan, -1 if table_stale else table_done, target, log_start
-            )
+            since = -1 if table_stale else table_done
+            net, files = self._net_change(plan, since, target, log_start)
             result.log_files_read = len(files)
             positive = insertions_only(files)  # appended as they are: nothing to size
             change = apply_to_table(
@@ -938,8 +937,9 @@ class Engine:
                 # The log's epochs since the table's, summed per row: a row may come at one
                 # epoch and go at the next.
                 net_rows=None
-                if table_stale or positive or logged is None
+                if table_stale or logged is None
                 else consolidated_on(logged, plan.columns),
+                read_net=lambda: view_changes_by_driver(files, plan.columns, since, target),
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0

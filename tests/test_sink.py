@@ -347,3 +347,69 @@ def test_a_change_the_driver_holds_is_not_collected_again(spark, tmp_path: Path)
     expected = Counter({(k, "a"): 1 for k in range(40) if k != 7})
     expected.update({(3, "b"): 1, (99, "z"): 2, (None, None): 1})
     assert contents(tables["held"]) == contents(tables["collected"]) == expected
+
+
+def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that only inserts (a first build), read from its log's files by the driver, is
+    written with no Spark job: each row ``_diff`` times, every file sorted as Spark sorts
+    (NULLs first) and holding its own range, the rows Spark's write of the same change
+    holds; larger than ``DRIVER_REWRITE_ROWS``, Spark writes it."""
+    from ops.ingest import insertions_only, view_changes, view_changes_by_driver
+    from ops.sink import append_updates
+    from resources.spark import JobGroup
+
+    monkeypatch.setattr(ops.sink, "ROWS_PER_FILE", 120)
+    updates = (
+        _typed_updates(spark, 300)
+        .drop("ratio")  # floating point is Spark's
+        .selectExpr("*", "1 + cast(k % 3 = 0 as bigint) AS _d")
+        .drop(DIFF)
+        .withColumnRenamed("_d", DIFF)
+    )
+    log = str(tmp_path / "log")
+    append_updates(updates.repartition(3), log, app_id="t", epoch=3, metadata={})
+    columns = [c for c in updates.columns if c not in ("_time", DIFF)]
+    tables, jobs = {}, {}
+    for way, limit in (("driver", 1000), ("spark", 10)):
+        monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", limit)
+        monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", limit)  # not Spark's collect either
+        net, files = view_changes(spark, log, pa.schema(DeltaTable(log).schema().to_arrow()), 0, 3)
+        assert insertions_only(files)
+        uri = tables[way] = str(tmp_path / way)
+        group = JobGroup(way, "apply")
+        group.open(spark)
+        try:
+            change = apply_to_table(
+                spark,
+                net.select(*columns, DIFF),
+                uri,
+                app_id="t",
+                epoch=3,
+                metadata={},
+                label="v",
+                positive=True,
+                rows_hint=sum(f.file.num_records for f in files),
+                read_net=lambda files=files: view_changes_by_driver(files, columns, 0, 3),
+            )
+        finally:
+            jobs[way] = group.close(spark)
+        assert (change.inserted, change.deleted) == (400, 0)
+    assert jobs["driver"] == 0 and jobs["spark"] > 0
+    driver, by_spark = DeltaTable(tables["driver"]), DeltaTable(tables["spark"])
+    assert parquet_writers(driver) == {"parquet-cpp-arrow"}
+    assert parquet_writers(by_spark) == {"parquet-mr"}
+    assert driver.schema().to_arrow() == by_spark.schema().to_arrow()
+    assert contents(tables["driver"]) == contents(tables["spark"])
+    assert sum(contents(tables["driver"]).values()) == 400
+    keys = [
+        pq.read_table(p, columns=["tiny", "k"]).to_pylist()
+        for p in sorted(driver.file_uris(), key=lambda p: pq.read_table(p)["tiny"][0].as_py())
+    ]
+    assert [len(f) for f in keys] == [120, 120, 120, 40]
+    flat = [(r["tiny"], r["k"]) for f in keys for r in f]
+    assert flat == sorted(flat)  # each file sorted, and the files in ranges of the order
+    read = [spark.read.parquet(*dt.file_uris()).select(*columns) for dt in (driver, by_spark)]
+    assert read[0].schema == read[1].schema
+    assert read[0].exceptAll(read[1]).count() == read[1].exceptAll(read[0]).count() == 0
