@@ -1306,7 +1306,10 @@ class Engine:
 
         def write_rows(table, rows) -> int | None:
             def commit(uri: str, metadata: dict[str, str]):
-                schema = spark_compatible_schema(self.table_schema(uri))
+                # A build's rows come with the schema Spark's write would give the table.
+                schema = (
+                    rows.schema if done == 0 else spark_compatible_schema(self.table_schema(uri))
+                )
                 result = write_held_updates(
                     rows,
                     uri,
@@ -1315,6 +1318,7 @@ class Engine:
                     app_id=self.app_id(uri),
                     epoch=target,
                     metadata=metadata,
+                    overwrite=done == 0 and open_table(uri) is not None,
                 )
                 if result is None:
                     raise InvariantViolation(

@@ -141,11 +141,13 @@ def write_held_updates(
     app_id: str,
     epoch: int,
     metadata: Mapping[str, str],
+    overwrite: bool = False,
 ) -> CommitResult | None:
     """:func:`write_updates` of an epoch's change the driver holds (a change feed summed on
     the arrangement's columns, ``(columns..., _time, _diff)``): sorted by ``(key, _time)``
     there, NULLs first as Spark sorts, and written by it as one file: no Spark job. None,
-    writing nothing, when the rows do not cast to the arrangement's ``schema``."""
+    writing nothing, when the rows do not cast to the arrangement's ``schema``. ``overwrite``:
+    they replace the table's contents (a rebuild), in one commit."""
     try:
         rows = rows.select(schema.names).cast(schema)
     except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -159,6 +161,7 @@ def write_held_updates(
         metadata=metadata,
         description=_description(key),
         parquet_options=PARQUET_OPTIONS,
+        overwrite=overwrite,
     )
 
 

@@ -13,6 +13,10 @@ anything is written, then each level's change is written by the driver.
 It hands back to Spark (None, nothing written) for a column of floating-point type (Spark's
 NaN rules), a type the driver does not write, or too many rows.
 
+A build's tower is computed on the driver above level 0 when level 0 is small
+(:func:`built_levels`; :func:`ops.reduce._climb` writes level 0 and decides): each level's
+rows are its whole contents, grouped by Arrow, with no lookup.
+
 Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce._climb`: given level 0's change
 ``Δ`` at ``new`` (``(keys..., value, _diff)``) and levels holding the tower up to ``old``, each
 level ``l`` gets at ``new`` the change of its touched buckets' entries ``(keys..., _p, _b,
@@ -27,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from ivm.plan.reduce import FANOUT_BITS, Branch
@@ -115,3 +120,39 @@ def climb_on_driver(
         f"{len(changes[0])} change rows)"
     )
     return True
+
+
+def built_levels(
+    level0: pa.Table,
+    keys: Sequence[str],
+    arg: str,
+    funcs: Sequence[str],
+    levels: int,
+    time: int,
+) -> list[pa.Table]:
+    """A build's tower levels ``1..levels`` computed by the driver (Arrow's grouping) from
+    level 0's whole contents ``(keys..., _p, _b, arg, _diff)``: per level, one row per
+    bucket ``(keys..., _p, _b, values..., _diff, _time)`` holding its children's MIN/MAX
+    (NULLs skipped, as Spark's ``min``/``max``), ``_diff`` 1, ``_time`` ``time``. The same
+    rows :func:`ops.reduce._climb` computes on Spark for a build."""
+    keys = list(keys)
+    values = [f"_{f}" for f in funcs]
+    below = level0.filter(pc.greater(level0.column(DIFF), 0))
+    out = []
+    for level in range(1, levels + 1):
+        sources = [arg] * len(funcs) if level == 1 else values
+        grouped = below.group_by([*keys, "_p"], use_threads=False).aggregate(
+            [(src, f) for src, f in zip(sources, funcs, strict=True)]
+        )
+        parent = grouped.column("_p")
+        n = grouped.num_rows
+        columns = {k: grouped.column(k) for k in keys}
+        columns["_p"] = pc.shift_right(parent, FANOUT_BITS)
+        columns["_b"] = parent
+        for value, src, f in zip(values, sources, funcs, strict=True):
+            columns[value] = grouped.column(f"{src}_{f}")
+        columns[DIFF] = pa.array([1] * n, pa.int64())
+        columns[TIME] = pa.array([time] * n, pa.int64())
+        below = pa.table(columns)
+        out.append(below)
+    return out

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from functools import reduce as fold
 from typing import Protocol
 
@@ -52,10 +53,11 @@ from ivm.plan.reduce import (
     presum_grain,
     topk_spare,
 )
-from ops import DIFF, TIME
+from ops import DIFF, TIME, buffer
 from ops.buffer import refresh_on_driver
-from ops.climb import climb_on_driver
+from ops.climb import built_levels, climb_on_driver
 from ops.consolidate import consolidate
+from ops.sink import arrow_schema, exact_types
 from resources.spark import is_connect
 
 
@@ -424,10 +426,63 @@ class _Tower:
     """``(children, group columns, leaf)`` -> bucket rows ``(group..., values..., _diff)``."""
 
 
+def _built_level(tower: _Tower, below: DataFrame, level: int, time: int) -> DataFrame:
+    """A build's level ``level`` of a tower: one row per bucket of ``below`` (the level under
+    it, whole), ``(keys..., _p, _b, values..., _diff, _time)``."""
+    keys = list(tower.keys)
+    fresh = tower.combine(below.drop(TIME, "_b"), [*keys, "_p"], level == 1)
+    fresh = fresh.withColumnRenamed("_p", "_b")
+    fresh = fresh.withColumn("_p", _parent(_c("_b")))
+    cols = [*keys, "_p", "_b", *tower.values]
+    return fresh.select(*[_c(c) for c in cols], DIFF).withColumn(TIME, F.lit(time).cast("bigint"))
+
+
+def _built_by_driver(
+    store: StateStore,
+    branch: Branch,
+    tower: _Tower,
+    level0: DataFrame,
+    rows: int | None,
+    levels: Callable[[pa.Table], list[pa.Table]],
+) -> DataFrame | None:
+    """A build's levels above level 0 (``level0``, just written: ``rows`` rows) computed
+    by the driver with ``levels`` and written by it, or None (nothing written) when level 0
+    is larger than :data:`~ops.buffer.DRIVER_STATE_ROWS`, an earlier attempt wrote it, or a
+    column's type is not exact: Spark climbs. One Spark job (collecting level 0) instead of
+    some three a level; each level's table has the schema Spark's write would give it (the
+    same frames, planned and not run). Returns the top level."""
+    if (
+        rows is None
+        or rows > buffer.DRIVER_STATE_ROWS
+        or store.write_rows is None
+        or not exact_types(level0.schema)
+    ):
+        return None
+    computed = levels(level0.drop(TIME).toArrow())
+    frame, table = level0, None
+    for level, rows_of_level in enumerate(computed, start=1):
+        frame = _built_level(tower, frame, level, store.new)
+        schema = arrow_schema(frame)
+        table = rows_of_level.select(schema.names).cast(schema)
+        store.write_rows(branch.tables[level], table)
+    store.progress(
+        f"{branch.name}: tower built by the driver above level 0 ({rows} rows, "
+        f"{len(computed)} level(s))"
+    )
+    return store.spark.createDataFrame(table, schema=frame.schema) if table is not None else level0
+
+
 def _climb(
-    store: StateStore, branch: Branch, tower: _Tower, level0: DataFrame, unique: bool
+    store: StateStore,
+    branch: Branch,
+    tower: _Tower,
+    level0: DataFrame,
+    unique: bool,
+    driver_levels: Callable[[pa.Table], list[pa.Table]] | None = None,
 ) -> DataFrame:
     """Write a change to level 0 and carry it up the tower; returns the top level's change.
+    ``driver_levels``: how the driver computes a build's levels from level 0 (MIN/MAX:
+    :func:`ops.climb.built_levels`), used when level 0 is small (:func:`_built_by_driver`).
 
     ``unique``: ``level0`` is already one row per ``(keys, leaf values)`` with a non-zero
     ``_diff`` (the input presummed at that grain), so it is written as it stands. In a
@@ -446,6 +501,10 @@ def _climb(
         leaf if unique else materialize(consolidate(leaf, [*keys, "_p", "_b", *tower.leaf_values]))
     )
     written = store.write(tables[0], delta)
+    if store.old == 0 and driver_levels is not None:
+        top = _built_by_driver(store, branch, tower, delta, written, driver_levels)
+        if top is not None:
+            return top
     for level in range(1, branch.levels + 1):
         # A build writes every level (they must exist); the rows written say if the change
         # is empty, unless an earlier attempt wrote them.
@@ -461,18 +520,14 @@ def _climb(
             children = store.read_consolidated(
                 tables[level - 1], [*keys, "_p"], parents, store.new, delta
             )
+        if store.old == 0:  # a build: nothing to retract
+            delta = materialize(_built_level(tower, delta, level, store.new))
+            written = store.write(tables[level], delta)
+            continue
         fresh = tower.combine(children.drop("_b"), [*keys, "_p"], level == 1)
         fresh = fresh.withColumnRenamed("_p", "_b")
         fresh = fresh.withColumn("_p", _parent(_c("_b")))
         cols = [*keys, "_p", "_b", *tower.values]
-        if store.old == 0:  # a build: nothing to retract
-            delta = materialize(
-                fresh.select(*[_c(c) for c in cols], DIFF).withColumn(
-                    TIME, F.lit(store.new).cast("bigint")
-                )
-            )
-            written = store.write(tables[level], delta)
-            continue
         old = store.read_consolidated(
             tables[level],
             [*keys, "_b"],
@@ -857,7 +912,15 @@ def _minmax_values(
         level0 = delta.select(*[_c(k) for k in tkeys], _c(arg), DIFF)
         leaf = _with_buckets(level0, [arg], branch.levels)
         if not climb_on_driver(store, branch, tkeys, arg, funcs, leaf):
-            _climb(store, branch, tower, level0, unique)
+            levels = partial(
+                built_levels,
+                keys=tkeys,
+                arg=arg,
+                funcs=funcs,
+                levels=branch.levels,
+                time=store.new,
+            )
+            _climb(store, branch, tower, level0, unique, levels)
         read_key, group_cols = [*tkeys, "_b"], tkeys
         probe = (
             touched.select(*[_c(k) for k in tkeys]) if tkeys else store.spark.range(1).select()

@@ -224,12 +224,15 @@ def append_rows(
     metadata: Mapping[str, str],
     description: str,
     parquet_options: Mapping[str, object] | None = None,
+    overwrite: bool = False,
 ) -> CommitResult:
     """:func:`append_updates` of updates the driver holds, in the order given and with the
     log's column types: it writes them as one file and commits it, with no Spark job."""
     staged_uri = staging_uri(log_uri, epoch, "updates")
     staged = _stage_rows(log_uri, staged_uri, rows, parquet_options or {})
-    return _commit_staged(staged, log_uri, app_id, epoch, rows.schema, metadata, description)
+    return _commit_staged(
+        staged, log_uri, app_id, epoch, rows.schema, metadata, description, overwrite
+    )
 
 
 def _commit_staged(

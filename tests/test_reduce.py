@@ -9,6 +9,8 @@ keys (``grp`` and ``tag`` go NULL), duplicate values under COUNT(DISTINCT), one 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from ivm.engine import Engine
@@ -265,6 +267,78 @@ def test_deleting_the_minimum_reexamines_few_entries(
         st = lookups[name]
         assert st.rows_scanned <= 4 * PAGE_ROWS, (name, st)
     assert sum(lookups[name].rows_scanned for name in levels) < n // 2
+
+
+def test_a_tower_the_driver_builds_is_the_one_spark_builds(
+    spark, make_project, tmp_path, monkeypatch
+):
+    """A build whose level 0 is small computes the levels above it on the driver (one Spark
+    job, not some three a level): the same rows and Delta schema per level as Spark's build
+    (strings and dates, NULL keys and NULL values); a rebuild by the driver replaces the
+    tables Spark built; the next refresh climbs from them, equal to DuckDB."""
+    import datetime
+
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    import ops.buffer
+    from ivm.oracle import compare_views
+    from ivm.plan.reduce import state_tables
+
+    path = str(tmp_path / "events")
+    n = 3_000
+    rows = {
+        "g": [None if i % 11 == 0 else f"g{i % 3}" for i in range(n)],
+        "day": [
+            None if i % 7 == 0 else datetime.date(2020, 1, 1) + datetime.timedelta(i % 500)
+            for i in range(n)
+        ],
+        "who": [f"é{(i * 37) % 1001}" for i in range(n)],
+    }
+    write_deltalake(path, pa.table(rows), configuration={"delta.enableChangeDataFeed": "true"})
+    root = make_project(
+        {
+            "spans": """
+                -- ivm: expected_group_size = 5000
+                CREATE VIEW spans AS
+                SELECT g, min(day) AS first, max(day) AS last, min(who) AS least, count(*) AS n
+                FROM events GROUP BY g
+            """
+        },
+        {"events": path},
+    )
+    messages: list[str] = []
+    engine = Engine(root, spark=spark, progress=messages.append)
+
+    def levels() -> dict[str, tuple[object, Counter]]:
+        out = {}
+        for t in state_tables(engine.view("spans").root):
+            if ".l" in t.name and not t.name.endswith(".l0"):
+                dt = DeltaTable(engine.state_uri("spans", t.name))
+                table = dt.to_pyarrow_table()
+                out[t.name] = (
+                    dt.schema().to_json(),
+                    Counter(tuple(r.values()) for r in table.drop_columns(["_time"]).to_pylist()),
+                )
+        return out
+
+    monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
+    assert engine.refresh().ok
+    assert not [m for m in messages if "tower built by the driver" in m]
+    by_spark = levels()
+    assert len(by_spark) == 2 * 4 and all(rows for _, rows in by_spark.values())
+    monkeypatch.undo()
+    messages.clear()
+    report = engine.refresh(rebuild=True)
+    assert report.ok
+    built = [m for m in messages if "tower built by the driver" in m]
+    assert len(built) == 2, messages  # the two towers: day and who
+    assert levels() == by_spark
+    DeltaTable(path).delete("day = DATE '2020-01-01' OR who = 'é0' OR g IS NULL")
+    assert engine.refresh().ok
+    assert all(c.equal for c in compare_views(engine)), [
+        c.describe() for c in compare_views(engine)
+    ]
 
 
 @pytest.mark.parametrize("by_driver", [True, False], ids=["driver", "spark"])
