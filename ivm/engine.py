@@ -955,7 +955,9 @@ class Engine:
                 net_rows=None
                 if table_stale or logged is None
                 else consolidated_on(logged, plan.columns),
-                read_net=lambda: view_changes_by_driver(files, plan.columns, since, target),
+                read_net=lambda most: view_changes_by_driver(
+                    files, plan.columns, since, target, most
+                ),
             )
         crash_point("table_committed")
         result.timings["table"] = time.perf_counter() - t0

@@ -420,18 +420,27 @@ def view_changes(
 
 
 def view_changes_by_driver(
-    files: Sequence[FileStats], columns: Sequence[str], lo: int, hi: int
-) -> pa.Table:
+    files: Sequence[FileStats],
+    columns: Sequence[str],
+    lo: int,
+    hi: int,
+    max_bytes: int | None = None,
+) -> pa.Table | None:
     """:func:`view_changes` read by the driver (Arrow, no Spark job): ``(columns..., _diff)``
     of the updates in ``files`` with ``lo < _time <= hi``, as the log stores them (equal rows
-    not summed). Every row of the files is decoded (``count_driver_read``)."""
+    not summed). Every row of the files is decoded (``count_driver_read``). None, once the
+    rows read hold more than ``max_bytes`` in memory: the reading stops there."""
     parts = []
+    held = 0
     for fs in files:
         rows = pq.read_table(local_path(fs.file.uri), columns=[*columns, TIME, DIFF])
         count_driver_read(fs.file.uri, rows.num_rows)
         times = rows.column(TIME)
         inside = pc.and_(pc.greater(times, lo), pc.less_equal(times, hi))
         parts.append(rows.filter(inside).select([*columns, DIFF]))
+        held += parts[-1].nbytes
+        if max_bytes is not None and held > max_bytes:
+            return None
     if not parts:
         raise InvariantViolation("view_changes_by_driver: no log file to read")
     return pa.concat_tables(parts, promote_options="permissive")

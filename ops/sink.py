@@ -581,7 +581,13 @@ one session, 500 deletions and 500 insertions: 20 files of 10,000 rows 0.24-0.31
 driver against 0.69-1.27s rewritten by Spark (1.17-1.37s sized by Spark too); ``--files 2
 --rows-per-file 400000``: 0.50-0.58s against 0.74-0.99s. Peak memory is one file's rows.
 A change that only inserts (a first build) of up to this many rows is written by the driver
-too (:func:`_insert_by_driver`), holding them all to sort them."""
+too (:func:`_insert_by_driver`), holding them all to sort them (and at most
+:data:`DRIVER_INSERT_BYTES`)."""
+
+DRIVER_INSERT_BYTES = 512 * 1024 * 1024
+"""Most bytes of Arrow memory a change that only inserts may take on the driver
+(:func:`_insert_by_driver`): wide rows are bounded by their size, not only by
+:data:`DRIVER_REWRITE_ROWS`; the read stops past it and Spark writes the change."""
 
 
 @dataclass
@@ -745,7 +751,7 @@ def apply_to_table(
     positive: bool = False,
     rows_hint: int | None = None,
     net_rows: pa.Table | None = None,
-    read_net: Callable[[], pa.Table] | None = None,
+    read_net: Callable[[int], pa.Table | None] | None = None,
 ) -> TableChange:
     """Apply a net change ``(columns..., _diff)`` (consolidated, no zeros) to a readable table.
 
@@ -765,10 +771,11 @@ def apply_to_table(
             driver).
         net_rows: ``net``'s rows, when the driver holds them (the diff log's epoch it has
             just written): a small change is sized from them, not collected again.
-        read_net: reads ``net``'s rows on the driver (the log's files, by Arrow). A
-            ``positive`` change of at most :data:`DRIVER_REWRITE_ROWS` rows (by
-            ``rows_hint``) is then written by the driver (:func:`_insert_by_driver`), as is
-            one whose ``net_rows`` it holds. SF1 first builds, the table step alone:
+        read_net: reads ``net``'s rows on the driver (the log's files, by Arrow), or None
+            once they take more than the bytes it is given. A ``positive`` change of at
+            most :data:`DRIVER_REWRITE_ROWS` rows (by ``rows_hint``) and
+            :data:`DRIVER_INSERT_BYTES` is then written by the driver
+            (:func:`_insert_by_driver`), as is one whose ``net_rows`` it holds. SF1 first builds, the table step alone:
             ``order_events`` (820k rows) 0.2-0.4s against Spark's 0.9s, ``building_open_lines``
             (374k) 0.2s against 1.3-1.5s.
 
@@ -793,17 +800,18 @@ def apply_to_table(
         elif rows_hint == 0:  # no log file holds a row
             change = schema.empty_table().append_column(DIFF, pa.array([], pa.int64()))
         else:
-            change = read_net()
-        return _insert_by_driver(
-            table_uri,
-            change,
-            schema,
-            columns,
-            app_id=app_id,
-            epoch=epoch,
-            metadata=metadata,
-            label=label,
-        )
+            change = read_net(DRIVER_INSERT_BYTES) if read_net is not None else None
+        if change is not None:
+            return _insert_by_driver(
+                table_uri,
+                change,
+                schema,
+                columns,
+                app_id=app_id,
+                epoch=epoch,
+                metadata=metadata,
+                label=label,
+            )
     prunable = [c for c in columns[:PRUNE_COLUMNS] if isinstance(types[c], _BOUNDED_TYPES)]
     local = (
         not positive and not overwrite and rows_hint is not None and rows_hint <= DRIVER_CHANGE_ROWS

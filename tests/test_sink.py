@@ -372,9 +372,11 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
     append_updates(updates.repartition(3), log, app_id="t", epoch=3, metadata={})
     columns = [c for c in updates.columns if c not in ("_time", DIFF)]
     tables, jobs = {}, {}
-    for way, limit in (("driver", 1000), ("spark", 10)):
+    ways = (("driver", 1000, 10**6), ("spark", 10, 10**6), ("wide", 1000, 1000))
+    for way, limit, most in ways:
         monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", limit)
-        monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", limit)  # not Spark's collect either
+        monkeypatch.setattr(ops.sink, "DRIVER_INSERT_BYTES", most)  # "wide": too many bytes
+        monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", 10)  # no collect by Spark either
         net, files = view_changes(spark, log, pa.schema(DeltaTable(log).schema().to_arrow()), 0, 3)
         assert insertions_only(files)
         uri = tables[way] = str(tmp_path / way)
@@ -391,12 +393,16 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
                 label="v",
                 positive=True,
                 rows_hint=sum(f.file.num_records for f in files),
-                read_net=lambda files=files: view_changes_by_driver(files, columns, 0, 3),
+                read_net=lambda most, files=files: view_changes_by_driver(
+                    files, columns, 0, 3, most
+                ),
             )
         finally:
             jobs[way] = group.close(spark)
         assert (change.inserted, change.deleted) == (400, 0)
-    assert jobs["driver"] == 0 and jobs["spark"] > 0
+    assert jobs["driver"] == 0 and jobs["spark"] > 0 and jobs["wide"] > 0
+    assert parquet_writers(DeltaTable(tables["wide"])) == {"parquet-mr"}
+    assert contents(tables["wide"]) == contents(tables["spark"])
     driver, by_spark = DeltaTable(tables["driver"]), DeltaTable(tables["spark"])
     assert parquet_writers(driver) == {"parquet-cpp-arrow"}
     assert parquet_writers(by_spark) == {"parquet-mr"}
