@@ -78,6 +78,8 @@ LOG_START = "ivm.log_start"
 """Commit metadata of a diff log: the epoch since which it holds the view's whole history."""
 
 REFRESH_SECONDS = "ivm.refresh_seconds"
+"""Commit metadata of a readable table: the seconds its refresh took until that commit began
+(the view's updates computed and logged). The next refresh starts costly views first."""
 
 BUILD_ROWS_PER_SECOND = 1_000_000
 """How fast a first build reads its sources, to rank the views of a refresh that has no
@@ -87,8 +89,6 @@ seconds recorded yet (:meth:`Engine._build_seconds_guess`): SF1, one view at a t
 costliest view of the demo's SF1 build (4 views at once) started last, 19s in, and ended the
 build 23s later; ranked by this guess it starts first. On 2 cores the build is bound by CPU
 either way: 34.5s and 37.1s against 34.4-42.9s, within this machine's noise."""
-"""Commit metadata of a readable table: the seconds its refresh took until that commit began
-(the view's updates computed and logged). The next refresh starts costly views first."""
 
 Progress = Callable[[str], None]
 

@@ -511,19 +511,16 @@ def _climb(
         if store.old > 0 and (written == 0 if written is not None else _empty(delta)):
             store.progress(f"{branch.name}: no change reaches level {level}")
             break
-        parents = delta.select(*[_c(k) for k in keys], _c("_p"))
         if store.old == 0:
             # A build: the level below holds exactly ``delta`` (all at ``new``), so its
-            # buckets' children need no lookup of the table just written.
-            children = delta.drop(TIME)
-        else:
-            children = store.read_consolidated(
-                tables[level - 1], [*keys, "_p"], parents, store.new, delta
-            )
-        if store.old == 0:  # a build: nothing to retract
+            # buckets' children need no lookup of the table just written; nothing to retract.
             delta = materialize(_built_level(tower, delta, level, store.new))
             written = store.write(tables[level], delta)
             continue
+        parents = delta.select(*[_c(k) for k in keys], _c("_p"))
+        children = store.read_consolidated(
+            tables[level - 1], [*keys, "_p"], parents, store.new, delta
+        )
         fresh = tower.combine(children.drop("_b"), [*keys, "_p"], level == 1)
         fresh = fresh.withColumnRenamed("_p", "_b")
         fresh = fresh.withColumn("_p", _parent(_c("_b")))

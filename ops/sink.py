@@ -701,16 +701,8 @@ def _insert_by_driver(
         raise InvariantViolation(
             f"view {label!r} epoch {epoch}: staged {staged.rows} rows, expected {rows.num_rows}"
         )
-    commit = commit_files(
-        table_uri,
-        app_id=app_id,
-        epoch=epoch,
-        schema=schema,
-        adds=staged.adds,
-        metadata=metadata,
-        description=f"ivm view {label}: its current rows",
-    )
-    commit.rows, commit.bytes = staged.rows, staged.bytes
+    description = f"ivm view {label}: its current rows"
+    commit = _commit_staged(staged, table_uri, app_id, epoch, schema, metadata, description)
     return TableChange(commit, rows.num_rows, 0, 0, 0)
 
 
