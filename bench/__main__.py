@@ -509,6 +509,15 @@ def write_markdown(
         )
     lines += [
         "",
+        "Each run's seconds, in the order run (the machine is shared: the medians above are "
+        "of these): "
+        + "; ".join(
+            f"SF {r.scale:g}: incremental {', '.join(f'{p.incremental:.1f}' for p in r.points)}"
+            f", Spark full {', '.join(f'{p.spark_full:.1f}' for p in r.points)}"
+            for r in results
+        )
+        + ".",
+        "",
         "Every batch changes the same absolute number of orders at every scale (the size of "
         "SF1's batch), so the rows show how refresh time grows with the data "
         "for a fixed change. Batch sizes: "

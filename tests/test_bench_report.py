@@ -54,6 +54,11 @@ def test_the_report_splits_each_view_s_time_and_names_what_grows_with_the_tables
     out = tmp_path / "BENCHMARKS.md"
     write_markdown(results, [], args, out)
     text = out.read_text()
+    # Each run's seconds, in the order run, beside the medians drawn from them.
+    assert (
+        "SF 0.1: incremental 3.0, 5.0, 4.0, Spark full 8.0, 8.0, 8.0; "
+        "SF 1: incremental 6.0, 4.0, 5.0, Spark full 8.0, 8.0, 8.0." in text
+    )
     # SF1's per-view medians: seconds 5, log 2 (of 3, 2, 1), table 3, rows rewritten 200,000.
     assert "| wide | 5.00 | 2.00 | 3.00 | 150 | 40 | 200,000 |" in text
     assert "| narrow | 1.00 | 1.00 | 0.00 | 50 | 2 | 0 |" in text
