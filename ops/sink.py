@@ -767,9 +767,9 @@ def apply_to_table(
             once they take more than the bytes it is given. A ``positive`` change of at
             most :data:`DRIVER_REWRITE_ROWS` rows (by ``rows_hint``) and
             :data:`DRIVER_INSERT_BYTES` is then written by the driver
-            (:func:`_insert_by_driver`), as is one whose ``net_rows`` it holds. SF1 first builds, the table step alone:
-            ``order_events`` (820k rows) 0.2-0.4s against Spark's 0.9s, ``building_open_lines``
-            (374k) 0.2s against 1.3-1.5s.
+            (:func:`_insert_by_driver`), as is one whose ``net_rows`` it holds. SF1 first
+            builds, the table step alone: ``order_events`` (820k rows) 0.2-0.4s against
+            Spark's 0.9s, ``building_open_lines`` (374k) 0.2s against 1.3-1.5s.
 
     Raises:
         InvariantViolation: a row would be deleted more times than the table holds it.
