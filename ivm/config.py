@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivm.errors import ConfigError
+from resources.filecache import DEFAULT_BUDGET_MB
 
 CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
@@ -40,6 +41,11 @@ inputs instead of from their changes, when ``[refresh] recompute_above`` is not 
 took 5.6s against the recompute's 7.1s at an input share of 12%, and 12.7s against 8.5s at
 40%: the two cross near 20%. It was 0.05 while the refresh rewrote tables and read lookups
 with Spark jobs only (then the recompute already won at 12%: 11.0s against 11.6s)."""
+
+
+DEFAULT_CACHE_MB = DEFAULT_BUDGET_MB
+"""Driver memory for decoded arrangement and state files when ``[refresh] cache_mb`` is not
+set (see :mod:`resources.filecache`)."""
 
 
 def _is_uri(value: str) -> bool:
@@ -65,6 +71,8 @@ class Project:
         recompute_above: the share of a view's input rows changed since its last epoch
             (``[refresh] recompute_above``, 0 to 1) above which the refresh recomputes the view
             from its inputs' state instead of from their changes; 1 never does.
+        cache_mb: the driver memory (MiB, ``[refresh] cache_mb``) that keeps arrangement and
+            state files decoded between lookups (:mod:`resources.filecache`); 0 keeps none.
     """
 
     root: Path
@@ -76,6 +84,7 @@ class Project:
     contracts: dict[str, str] = field(default_factory=dict)
     parallelism: int = DEFAULT_PARALLELISM
     recompute_above: float = DEFAULT_RECOMPUTE_ABOVE
+    cache_mb: int = DEFAULT_CACHE_MB
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -152,10 +161,15 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
     refresh = data.get("refresh", {})
-    if not isinstance(refresh, dict) or set(refresh) - {"parallelism", "recompute_above"}:
+    if not isinstance(refresh, dict) or set(refresh) - {
+        "parallelism",
+        "recompute_above",
+        "cache_mb",
+    }:
         raise ConfigError(
-            f"{file}: [refresh] takes parallelism = <views at once> and "
-            "recompute_above = <share of input rows changed, 0 to 1>"
+            f"{file}: [refresh] takes parallelism = <views at once>, "
+            "recompute_above = <share of input rows changed, 0 to 1> and "
+            "cache_mb = <driver memory for decoded arrangement files, MiB>"
         )
     parallelism = refresh.get("parallelism", DEFAULT_PARALLELISM)
     if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 1:
@@ -170,6 +184,12 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
             f"{file}: [refresh] recompute_above must be a number from 0 to 1 (the share of a "
             f"view's input rows changed; 1 never recomputes), not {recompute_above!r}"
         )
+    cache_mb = refresh.get("cache_mb", DEFAULT_CACHE_MB)
+    if not isinstance(cache_mb, int) or isinstance(cache_mb, bool) or cache_mb < 0:
+        raise ConfigError(
+            f"{file}: [refresh] cache_mb must be a whole number of MiB >= 0 (0: no cache), "
+            f"not {cache_mb!r}"
+        )
     return Project(
         root=root,
         config_file=file.resolve(),
@@ -180,4 +200,5 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         contracts=contracts,
         parallelism=parallelism,
         recompute_above=float(recompute_above),
+        cache_mb=cache_mb,
     )

@@ -51,6 +51,7 @@ from ivm.plan.reduce import state_tables
 from ivm.sql.parse import parse_view_file
 from resources.contracts import Contract
 from resources.faults import crash_point
+from resources.filecache import FILES
 from resources.lake import (
     CommitResult,
     EpochRecord,
@@ -275,6 +276,7 @@ class Engine:
     ) -> None:
         self.project = project if isinstance(project, Project) else load_project(project)
         self.layout = LakeLayout(self.project.lake)
+        FILES.set_budget(self.project.cache_mb * 1024 * 1024)  # one cache per process
         self._spark = spark
         self._spark_announced = False  # progress says once where Spark computes
         if spark is not None:

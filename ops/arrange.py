@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -37,6 +36,7 @@ from ops.consolidate import consolidate
 from ops.ingest import read_files
 from ops.rows import semi_join_null_safe
 from ops.sink import append_rows, append_updates, exact_types
+from resources.filecache import FILES
 from resources.lake import (
     CommitResult,
     DataFile,
@@ -93,6 +93,7 @@ class LookupStats:
     rows_in_opened_files: int = 0
     rows_total: int = 0
     rows_scanned: int = 0  # measured by Spark (only when asked: it costs a pass)
+    rows_in_memory: int = 0  # probed in the driver's memory (resources.filecache)
 
     def add(self, other: LookupStats) -> None:
         for f in self.__dataclass_fields__:
@@ -260,6 +261,12 @@ def lookup(
             scans.append(([f.file for f in live], k0.isNull()))
     else:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
+    if first and not null_first and DRIVER_LOOKUP_ROWS and scans and scans[0][1] is not None:
+        # Few keys: pushed down into Spark's scans, unless the files are in the driver's
+        # memory already (or small enough to decode whole): then the driver probes them.
+        chosen = [f.file for f in live if _may_hold(f, key[0], first)]
+        if _in_memory(chosen, schema):
+            scans = [(chosen, None)]
     if scans and scans[0][1] is None and not null_first and DRIVER_LOOKUP_ROWS:
         read = _read_once_by_driver(
             scans[0][0],
@@ -325,45 +332,95 @@ def _read_once_by_driver(
     data: Sequence[str] | None,
     stats: LookupStats | None = None,
 ) -> tuple[pa.Table, bool] | None:
-    """:func:`lookup`'s read-once scan by the driver (Arrow's multi-threaded Parquet scan,
-    files and row groups pruned by the first key column's range): the updates with ``_time
-    <= as_of`` whose key equals a row of ``found`` (distinct, NULL equal to NULL), with
-    ``schema``'s columns, or, given ``data``, those columns summed per ``data`` with zero
-    sums dropped (``(data..., _diff)``; the flag says whether they were summed).
-    ``stats``: where to add the rows the scan decodes (``rows_scanned``, a benchmark's
-    measure). None when a key column is not of an exact type or more than
-    :data:`DRIVER_LOOKUP_ROWS` rows match the first key column: Spark reads them."""
+    """:func:`lookup`'s read-once scan by the driver: the updates with ``_time <= as_of``
+    whose key equals a row of ``found`` (distinct, NULL equal to NULL), with ``schema``'s
+    columns, or, given ``data``, those columns summed per ``data`` with zero sums dropped
+    (``(data..., _diff)``; the flag says whether they were summed).
+
+    Each file is probed in the driver's memory (:data:`resources.filecache.FILES`), decoded
+    whole on its first read; with the cache off (budget 0), Arrow's multi-threaded Parquet
+    scan reads the row groups whose statistics admit a key. ``stats``: where to add the rows
+    decoded from Parquet (``rows_scanned``) and those probed in memory (``rows_in_memory``).
+    None when a key column is not of an exact type or more than :data:`DRIVER_LOOKUP_ROWS`
+    rows match the first key column: Spark reads them."""
     types = spark_compatible_schema(schema)
     if not exact_types(from_arrow_schema(schema_of(types, key))):
         return None
-    if data is not None:
-        types = schema_of(types, [*data, TIME, DIFF])
+    names = types.names if data is None else [*data, TIME, DIFF]
     k0 = types.field(key[0]).type
-    condition = pc.field(key[0]).isin(pa.array(first, k0)) & (pc.field(TIME) <= as_of)
-    dataset = ds.dataset([local_path(f.uri) for f in files], schema=types, format="parquet")
-    for fragment in dataset.get_fragments():  # the row groups whose statistics admit a key
-        decoded = sum(
-            group.num_rows
-            for part in fragment.split_by_row_group(condition)
-            for group in part.row_groups
-        )
-        count_driver_read(fragment.path, decoded)
-        if stats is not None:
-            stats.rows_scanned += decoded
+    wanted = pa.array(first, k0)
     batches, rows = [], 0
-    for batch in dataset.to_batches(columns=types.names, filter=condition):
-        rows += batch.num_rows
+    for part in _probed(files, types, key[0], wanted, as_of, stats):
+        rows += part.num_rows
         if rows > DRIVER_LOOKUP_ROWS:
             return None
-        if batch.num_rows:
-            batches.append(batch.cast(types))
-    matched = pa.Table.from_batches(batches, schema=types)
+        if part.num_rows:
+            batches.append(part.select(names))
+    out = schema_of(types, names)
+    matched = pa.concat_tables(batches) if batches else out.empty_table()
     matched = semi_join_null_safe(matched, found.cast(schema_of(types, key)), key)
     if data is None or not exact_types(from_arrow_schema(schema_of(types, data))):
         return matched, False  # (floating point is summed by Spark, its own way)
     summed = matched.group_by(list(data), use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.select([*data, f"{DIFF}_sum"]).rename_columns([*data, DIFF])
     return summed.filter(pc.not_equal(summed.column(DIFF), 0)), True
+
+
+def _probed(
+    files: Sequence[DataFile],
+    types: pa.Schema,
+    k0: str,
+    wanted: pa.Array,
+    as_of: int,
+    stats: LookupStats | None,
+) -> Iterator[pa.Table]:
+    """The rows of ``files`` (read with ``types``) whose ``k0`` is in ``wanted`` and whose
+    ``_time`` is at most ``as_of``, file by file (see :func:`_read_once_by_driver`)."""
+    if FILES.budget_bytes == 0:
+        condition = pc.field(k0).isin(wanted) & (pc.field(TIME) <= as_of)
+        dataset = ds.dataset([local_path(f.uri) for f in files], schema=types, format="parquet")
+        for fragment in dataset.get_fragments():  # the row groups whose statistics admit a key
+            decoded = sum(
+                group.num_rows
+                for part in fragment.split_by_row_group(condition)
+                for group in part.row_groups
+            )
+            count_driver_read(fragment.path, decoded)
+            if stats is not None:
+                stats.rows_scanned += decoded
+        for batch in dataset.to_batches(columns=types.names, filter=condition):
+            yield pa.Table.from_batches([batch.cast(types)])
+        return
+    for f in files:
+        path = local_path(f.uri)
+        table, decoded = FILES.read(path, types)
+        if decoded:
+            count_driver_read(path, table.num_rows)
+        if stats is not None:
+            stats.rows_scanned += table.num_rows if decoded else 0
+            stats.rows_in_memory += 0 if decoded else table.num_rows
+        hit = pc.and_(
+            pc.is_in(table.column(k0), value_set=wanted),
+            pc.less_equal(table.column(TIME), as_of),
+        )
+        yield table.filter(hit)
+
+
+COLD_FILE_ROWS = 50_000
+"""A file of at most this many rows that is not in the driver's memory yet counts as in
+memory for :func:`_in_memory`: decoding it whole costs less than a Spark job."""
+
+
+def _in_memory(files: Sequence[DataFile], schema: pa.Schema) -> bool:
+    """Whether the driver holds ``files`` decoded (or can decode them at once, being small),
+    so that a lookup of few keys probes them there rather than in a Spark scan."""
+    if FILES.budget_bytes == 0 or not files:
+        return False
+    types = spark_compatible_schema(schema)
+    return all(
+        (f.num_records or 0) <= COLD_FILE_ROWS or FILES.holds(local_path(f.uri), types)
+        for f in files
+    )
 
 
 def lookup_rows(
@@ -390,11 +447,12 @@ def lookup_rows(
     stats.rows_in_opened_files = sum(f.file.num_records or 0 for f in chosen)
     if stats.rows_in_opened_files > max_rows:
         return None, stats
-    parts = [
-        pq.read_table(local_path(f.file.uri), columns=schema.names).cast(schema) for f in chosen
-    ]
-    for f, part in zip(chosen, parts, strict=True):
-        count_driver_read(f.file.uri, part.num_rows)
+    parts = []
+    for f in chosen:
+        part, decoded = FILES.read(local_path(f.file.uri), schema)
+        if decoded:
+            count_driver_read(f.file.uri, part.num_rows)
+        parts.append(part)
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     rows = rows.filter(pc.less_equal(rows.column(TIME), as_of))
     stats.rows_scanned = rows.num_rows

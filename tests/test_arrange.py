@@ -23,6 +23,7 @@ import ops.arrange as arrange
 from ivm.engine import Engine
 from ivm.oracle import compare_views
 from ops import DIFF, TIME
+from resources.filecache import FileCache
 from resources.lake import (
     DataFile,
     driver_reads,
@@ -86,6 +87,15 @@ def arrangement(spark, tmp_path_factory, request) -> tuple[str, Counter, Counter
     return uri, first_state, +state
 
 
+@pytest.fixture(autouse=True)
+def no_file_cache(monkeypatch) -> FileCache:
+    """Lookups here read files unless a test gives them a cache of their own (the process's
+    cache would carry decoded files from one test to the next)."""
+    cache = FileCache(0)
+    monkeypatch.setattr(arrange, "FILES", cache)
+    return cache
+
+
 @pytest.mark.parametrize(
     ("n_keys", "pushed", "driver"),
     [(7, True, False), (3_000, False, False), (3_000, False, True)],
@@ -119,6 +129,47 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
             assert decoded == ROWS + stats.rows_total
         # Read by the driver: Spark scans no file (the rows come as a local relation).
         assert _dictionary_filter(df) == ([] if driver else [None])
+
+
+def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch) -> None:
+    """With a cache, a read-once lookup decodes each file whole once; later lookups, of many
+    keys or of few (which would otherwise be pushed down into a Spark scan), probe the
+    decoded rows in memory: the same state, no Parquet scan, nothing decoded again."""
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(arrange, "FILES", cache)
+    uri, first_state, state = arrangement
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    files = table_files(uri)
+    total = sum(f.num_records for f in files)
+    big = max(f.num_records for f in files)
+    assert big > arrange.COLD_FILE_ROWS  # else a few keys would probe it from the start
+
+    def look(keys: list[int], as_of: int):
+        wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
+        before = driver_reads()
+        df, stats = arrange.lookup(spark, uri, schema, ["k"], wanted, as_of, measure=True)
+        expected = first_state if as_of == 1 else state
+        got = Counter({(r["k"], r["v"]): r[DIFF] for r in df.collect()})
+        assert got == Counter({kv: n for kv, n in expected.items() if kv[0] in set(keys)})
+        after = driver_reads()
+        scans = [n for n in arrange.executed_nodes(df) if n.nodeName().startswith("Scan")]
+        return stats, sum(after[f] - before.get(f, 0) for f in after), scans
+
+    few = random.Random(7).sample(range(20_000), 7)
+    stats, decoded, scans = look(few, 2)  # cold: pushed down into Spark's scan
+    assert scans and decoded == 0 and cache.stats.misses == 0
+    stats, decoded, scans = look(random.Random(8).sample(range(20_000), 3_000), 2)
+    assert not scans and decoded == stats.rows_scanned == total and stats.rows_in_memory == 0
+    assert cache.stats.misses == len(files) and cache.held_bytes > 0
+    for as_of in (1, 2):
+        stats, decoded, scans = look(few, as_of)
+        assert not scans and decoded == stats.rows_scanned == 0
+        assert stats.rows_in_memory == (big if as_of == 1 else total)
+    assert cache.stats.misses == len(files)
+    cache.set_budget(0)  # nothing held: a few keys go back to Spark's scan
+    assert cache.held_bytes == 0
+    stats, decoded, scans = look(few, 2)
+    assert scans and decoded == 0
 
 
 @pytest.mark.parametrize("null_safe", [False, True])

@@ -13,7 +13,12 @@ import pytest
 from deltalake import write_deltalake
 
 from ivm.cli import main
-from ivm.config import DEFAULT_PARALLELISM, DEFAULT_RECOMPUTE_ABOVE, load_project
+from ivm.config import (
+    DEFAULT_CACHE_MB,
+    DEFAULT_PARALLELISM,
+    DEFAULT_RECOMPUTE_ABOVE,
+    load_project,
+)
 
 ORDERS = pa.table(
     {
@@ -64,6 +69,8 @@ def test_unknown_key_in_toml(tmp_path: Path, capsys) -> None:
         ("threads = 2", "[refresh] takes parallelism"),
         ("recompute_above = 1.5", "recompute_above must be a number from 0 to 1"),
         ("recompute_above = '5%'", "recompute_above must be a number from 0 to 1"),
+        ("cache_mb = -1", "cache_mb must be a whole number of MiB >= 0"),
+        ("cache_mb = 1.5", "cache_mb must be a whole number of MiB >= 0"),
     ],
 )
 def test_invalid_refresh_settings(tmp_path: Path, capsys, refresh: str, message: str) -> None:
@@ -79,11 +86,12 @@ def test_refresh_parallelism_setting(tmp_path: Path) -> None:
     project = load_project(tmp_path)
     assert project.parallelism == DEFAULT_PARALLELISM
     assert project.recompute_above == DEFAULT_RECOMPUTE_ABOVE
+    assert project.cache_mb == DEFAULT_CACHE_MB
     (tmp_path / "ivm.toml").write_text(
-        'lake = "lake"\n[refresh]\nparallelism = 1\nrecompute_above = 1\n'
+        'lake = "lake"\n[refresh]\nparallelism = 1\nrecompute_above = 1\ncache_mb = 0\n'
     )
     project = load_project(tmp_path)
-    assert (project.parallelism, project.recompute_above) == (1, 1.0)
+    assert (project.parallelism, project.recompute_above, project.cache_mb) == (1, 1.0, 0)
 
 
 def test_missing_project(tmp_path: Path, capsys) -> None:

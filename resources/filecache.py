@@ -1,0 +1,140 @@
+"""Decoded Parquet files of the lake, kept in the driver's memory between lookups.
+
+A Delta table changes by adding and removing whole files; a data file itself is never
+rewritten. So the rows of a file, decoded once, stay its rows: a lookup that probes an
+arrangement or a state table (``ops.arrange``) finds its keys in memory, in time proportional
+to the keys, instead of decoding Parquet pages that mostly hold other keys. This is how
+Materialize keeps its shared arrangements (in memory, indexed by key); here memory is a cache
+in front of the Delta tables, which stay the durable, shared copy.
+
+Contract in ``(data, time, diff)`` terms: :meth:`FileCache.read` returns exactly the updates
+``(columns..., _time, _diff)`` stored in the file, with the schema asked, whether they come
+from memory or from disk. An entry is keyed by the file's path, its size and modification
+time, and the schema: a file that a tool rewrote in place is read again, never served stale.
+A file that a compaction removed is no longer asked for and ages out (least recently used
+first) once the entries exceed the budget; a budget of 0 keeps nothing.
+
+The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`): one cache
+serves every view and engine of the process, as one Spark session does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+DEFAULT_BUDGET_MB = 2048
+"""Memory the cache may hold when ``[refresh] cache_mb`` is not set: SF1's arrangements and
+state (the bench's TPC-H views) take about 770 MiB decoded; SF3's lineitem alone 1.6 GiB, of
+which the budget keeps the most recently probed files."""
+
+_Key = tuple[str, int, int, str]
+
+
+@dataclass
+class CacheStats:
+    """What the cache did since the process started (or :meth:`FileCache.clear`)."""
+
+    hits: int = 0
+    misses: int = 0
+    rows_loaded: int = 0
+    evictions: int = 0
+
+
+class FileCache:
+    """Least recently used Parquet files, decoded as Arrow tables, within a byte budget."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self._budget = budget_bytes
+        self._entries: OrderedDict[_Key, pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._loading: dict[_Key, threading.Lock] = {}
+        self.stats = CacheStats()
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._budget
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Hold at most ``budget_bytes`` from now on (0: nothing), evicting what exceeds it."""
+        with self._lock:
+            self._budget = max(0, budget_bytes)
+            self._evict_over(self._budget)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self.stats = CacheStats()
+
+    def holds(self, path: str, schema: pa.Schema) -> bool:
+        """Whether ``path`` (as it is now on disk) is in memory with ``schema``."""
+        key = _key(path, schema)
+        with self._lock:
+            return key is not None and key in self._entries
+
+    def read(self, path: str, schema: pa.Schema) -> tuple[pa.Table, bool]:
+        """The file's rows with ``schema``'s columns and types, from memory when held, else
+        decoded from disk and kept if they fit the budget; and whether they were decoded now.
+        Concurrent readers of one file decode it once."""
+        key = _key(path, schema)
+        if key is None:  # gone from disk: let Parquet say so
+            return _decode(path, schema), True
+        with self._lock:
+            table = self._entries.get(key)
+            if table is not None:
+                self._entries.move_to_end(key)
+                self.stats.hits += 1
+                return table, False
+            loading = self._loading.setdefault(key, threading.Lock())
+        with loading:
+            with self._lock:
+                table = self._entries.get(key)
+                if table is not None:  # another thread decoded it meanwhile
+                    self._entries.move_to_end(key)
+                    self.stats.hits += 1
+                    return table, False
+            table = _decode(path, schema)
+            with self._lock:
+                self._loading.pop(key, None)
+                self.stats.misses += 1
+                self.stats.rows_loaded += table.num_rows
+                size = table.nbytes
+                if size <= self._budget:
+                    self._evict_over(self._budget - size)
+                    self._entries[key] = table
+                    self._bytes += size
+            return table, True
+
+    def _evict_over(self, limit: int) -> None:
+        while self._entries and self._bytes > limit:
+            _, table = self._entries.popitem(last=False)
+            self._bytes -= table.nbytes
+            self.stats.evictions += 1
+
+
+def _key(path: str, schema: pa.Schema) -> _Key | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (path, st.st_size, st.st_mtime_ns, schema.to_string(show_schema_metadata=False))
+
+
+def _decode(path: str, schema: pa.Schema) -> pa.Table:
+    table = pq.read_table(path, columns=schema.names)
+    return table.select(schema.names).cast(schema).combine_chunks()
+
+
+FILES = FileCache(DEFAULT_BUDGET_MB * 1024 * 1024)
+"""The process's cache (see the module's docstring)."""

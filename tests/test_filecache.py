@@ -1,0 +1,84 @@
+"""The driver's cache of decoded Parquet files (``resources.filecache``), with no Spark: it
+returns a file's rows as they are on disk, keeps the most recently read within its budget,
+reads a file rewritten in place again, and decodes a file once for concurrent readers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from resources.filecache import FileCache
+
+SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string())])
+
+
+def _file(path: Path, n: int, tag: str = "a") -> str:
+    pq.write_table(pa.table({"k": list(range(n)), "s": [f"{tag}{i}" for i in range(n)]}), path)
+    return str(path)
+
+
+def test_rows_come_from_memory_after_the_first_read(tmp_path) -> None:
+    path = _file(tmp_path / "f.parquet", 1_000)
+    cache = FileCache(1 << 20)
+    first, decoded = cache.read(path, SCHEMA)
+    assert decoded and first.equals(pq.read_table(path).cast(SCHEMA))
+    again, decoded = cache.read(path, SCHEMA)
+    assert not decoded and again.equals(first) and cache.holds(path, SCHEMA)
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.rows_loaded) == (1, 1, 1_000)
+    narrow = pa.schema([("s", pa.string())])  # another projection is another entry
+    part, decoded = cache.read(path, narrow)
+    assert decoded and part.column_names == ["s"] and part.num_rows == 1_000
+
+
+def test_the_least_recently_read_files_leave_first_and_nothing_exceeds_the_budget(
+    tmp_path,
+) -> None:
+    paths = [_file(tmp_path / f"f{i}.parquet", 1_000) for i in range(3)]
+    size = pq.read_table(paths[0]).cast(SCHEMA).combine_chunks().nbytes
+    cache = FileCache(2 * size)
+    cache.read(paths[0], SCHEMA)
+    cache.read(paths[1], SCHEMA)
+    cache.read(paths[0], SCHEMA)  # now paths[1] is the least recently read
+    cache.read(paths[2], SCHEMA)
+    assert [cache.holds(p, SCHEMA) for p in paths] == [True, False, True]
+    assert cache.held_bytes == 2 * size and cache.stats.evictions == 1
+    cache.set_budget(size - 1)  # smaller than any file: nothing stays, reads still answer
+    assert cache.held_bytes == 0 and not any(cache.holds(p, SCHEMA) for p in paths)
+    table, decoded = cache.read(paths[1], SCHEMA)
+    assert decoded and table.num_rows == 1_000 and cache.held_bytes == 0
+    off = FileCache(0)
+    assert off.read(paths[0], SCHEMA)[1] and off.read(paths[0], SCHEMA)[1]
+
+
+def test_a_file_rewritten_in_place_is_read_again(tmp_path) -> None:
+    path = _file(tmp_path / "f.parquet", 10, "old")
+    cache = FileCache(1 << 20)
+    cache.read(path, SCHEMA)
+    stat = os.stat(path)
+    _file(tmp_path / "f.parquet", 10, "new")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    table, decoded = cache.read(path, SCHEMA)
+    assert decoded and table.column("s")[0].as_py() == "new0"
+
+
+def test_concurrent_readers_decode_a_file_once(tmp_path) -> None:
+    path = _file(tmp_path / "f.parquet", 200_000)
+    cache = FileCache(1 << 30)
+    start = threading.Barrier(4)
+    got: list[pa.Table] = []
+
+    def read() -> None:
+        start.wait()
+        got.append(cache.read(path, SCHEMA)[0])
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache.stats.misses == 1 and cache.stats.hits == 3
+    assert all(t.equals(got[0]) for t in got)
