@@ -54,6 +54,7 @@ from ivm.plan.reduce import (
     topk_spare,
 )
 from ops import DIFF, TIME, buffer
+from ops.accumulate import accumulate_on_driver, distinct_on_driver
 from ops.buffer import refresh_on_driver
 from ops.climb import built_levels, climb_on_driver
 from ops.consolidate import consolidate
@@ -186,6 +187,14 @@ class _Groups:
     keys: list[str]
     touched: DataFrame
     global_row: bool
+    _held: dict[int, pa.Table | None] = field(default_factory=dict)
+
+    def held(self, most: int) -> pa.Table | None:
+        """The touched keys collected by the driver once, or None when more than ``most``."""
+        if most not in self._held:
+            rows = self.touched.limit(most + 1).toArrow()
+            self._held[most] = rows if rows.num_rows <= most else None
+        return self._held[most]
 
 
 # -- accumulable -------------------------------------------------------------------------------
@@ -337,16 +346,12 @@ def _var_result(nn: str, total: str, sq: str, func: str) -> Column:
     return F.when(n > ddof, result)
 
 
-def _accumulate(
-    store: StateStore,
-    table: StateTable,
-    acc: _Accumulator,
-    delta: DataFrame,
-    keys: Sequence[str],
-    presummed: bool = False,
-) -> None:
-    """Append the per-group sums of ``delta``'s contributions (all-zero rows dropped);
-    ``presummed``: ``delta`` holds the contributions already summed at a finer grain."""
+def _group_sums(
+    acc: _Accumulator, delta: DataFrame, keys: Sequence[str], presummed: bool = False
+) -> DataFrame:
+    """The per-group sums of ``delta``'s contributions (all-zero rows dropped), the state
+    rows an epoch appends; ``presummed``: ``delta`` holds the contributions already summed
+    at a finer grain."""
     if presummed:
         parts = [F.sum(_c(n)).cast(delta.schema[n].dataType).alias(n) for n in acc.state_columns]
     else:
@@ -354,8 +359,15 @@ def _accumulate(
             F.sum(c).alias(n) for c, n in zip(acc.contributions, acc.state_columns, strict=True)
         ]
     sums = delta.groupBy(*[_c(k) for k in keys]).agg(*parts)
-    nonzero = fold(lambda a, b: a | b, [_c(n) != 0 for n in acc.state_columns])
-    store.write(table, sums.where(nonzero).withColumn(TIME, F.lit(store.new).cast("bigint")))
+    return sums.where(fold(lambda a, b: a | b, [_c(n) != 0 for n in acc.state_columns]))
+
+
+def _results(acc: _Accumulator, keys: Sequence[str], state: DataFrame) -> DataFrame:
+    """The branch's results per group from its summed state ``(keys..., state columns...)``."""
+    return state.select(
+        *[_c(k) for k in keys],
+        *[r().alias(n) for r, n in zip(acc.results, acc.names, strict=True)],
+    )
 
 
 def _accumulated_values(
@@ -387,12 +399,7 @@ def _accumulated_values(
             state = state.where(_c("_rows") > 0)
         elif suffix == "__old" and store.old == 0:
             state = state.where(F.lit(False))
-        out.append(
-            state.select(
-                *[_c(k) for k in keys],
-                *[r().alias(n) for r, n in zip(acc.results, acc.names, strict=True)],
-            )
-        )
+        out.append(_results(acc, keys, state))
     return out[0], out[1]
 
 
@@ -806,7 +813,12 @@ def _branch_values(
     if branch.kind == "accumulable":
         acc = _accumulator(branch.aggregates, schema)
         table = branch.tables[-1]
-        _accumulate(store, table, acc, delta, keys, presummed and not branch.distinct)
+        sums = _group_sums(acc, delta, keys, presummed and not branch.distinct)
+        if not groups.global_row:
+            held = accumulate_on_driver(store, table, sums, keys, acc.state_columns, groups.held)
+            if held is not None:
+                return _results(acc, keys, held[0]), _results(acc, keys, held[1])
+        store.write(table, sums.withColumn(TIME, F.lit(store.new).cast("bigint")))
         return _accumulated_values(store, table, acc, groups)
     if branch.kind == "basic":
         return _basic_values(branch, delta, groups, store)
@@ -834,6 +846,9 @@ def _distinct_change(
     if branch.kind == "basic":
         store.write(table, change)
         return change
+    flips = distinct_on_driver(store, table, change, cols)
+    if flips is not None:
+        return flips
     if not unique:
         change = materialize(change)
     if store.old == 0:
