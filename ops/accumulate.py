@@ -57,7 +57,7 @@ def accumulate_on_driver(
     touched: Callable[[int], pa.Table | None],
 ) -> tuple[DataFrame, DataFrame] | None:
     """Write the change's per-group ``sums`` (``(keys..., state columns...)``, all-zero rows
-    dropped; ``_rows`` first) to ``table`` at ``store.new``; return the touched groups' state
+    dropped; ``_rows`` among them) to ``table`` at ``store.new``; return the touched groups' state
     at old and new (``(keys..., state columns...)``, groups with rows only), or None (nothing
     written) when Spark must. ``touched(most)``: the touched groups' keys, or None when there
     are more than ``most``."""
@@ -88,8 +88,9 @@ def accumulate_on_driver(
     schema = change.schema
     spark = store.spark
     out = []
+    rows_at = names.index("_rows")
     for state in (old, new):
-        kept = {g: v for g, v in state.items() if v[0] > 0}  # ``_rows``: the group exists
+        kept = {g: v for g, v in state.items() if v[rows_at] > 0}  # the group exists
         columns = list(zip(*[(*g, *v) for g, v in kept.items()], strict=True)) or [
             [] for _ in schema.names
         ]

@@ -92,7 +92,7 @@ class LookupStats:
     files_total: int = 0
     rows_in_opened_files: int = 0
     rows_total: int = 0
-    rows_scanned: int = 0  # measured by Spark (only when asked: it costs a pass)
+    rows_scanned: int = 0  # by Spark only when asked (it costs a pass); the driver's decodes
     rows_in_memory: int = 0  # probed in the driver's memory (resources.filecache)
 
     def add(self, other: LookupStats) -> None:
@@ -230,6 +230,7 @@ def lookup(
     keep = None if columns is None else {*columns, *key}
     data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
     files = table_file_stats(uri, [key[0], TIME])
+    FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     stats = LookupStats(lookups=1, files_total=len(files))
     stats.rows_total = sum(f.file.num_records or 0 for f in files)
@@ -276,7 +277,7 @@ def lookup(
             first,
             as_of,
             None if raw else data,
-            stats if measure else None,
+            stats,
         )
         if read is not None:
             table, summed = read
@@ -448,6 +449,7 @@ def lookup_rows(
     :data:`COLD_READ_ROWS` (decoded now, and kept): Spark reads them.
     """
     files = table_file_stats(uri, [key[0], TIME])
+    FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     stats = LookupStats(lookups=1, files_total=len(files))
     stats.rows_total = sum(f.file.num_records or 0 for f in files)

@@ -7,7 +7,8 @@ answers "what are the groups' results at time ``t``" for the groups a change tou
 - *accumulable*: the state is, per group, sums of per-row contributions (row count, non-null
   counts, sums, sums of squares, counts of TRUE) appended as one row per touched group and
   epoch; the result at ``t`` is the sum of the rows up to ``t``. Exact: integer and DECIMAL
-  sums are kept as DECIMAL(38, s).
+  sums are kept as DECIMAL(38, s). A small change is summed on the driver
+  (:mod:`ops.accumulate`).
 - *hierarchical* (MIN/MAX) and *topk*: a tower (see :mod:`ivm.plan.reduce`). A change to
   level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
   entries), and passes on only the buckets whose result changed; a level whose change is
@@ -17,7 +18,8 @@ answers "what are the groups' results at time ``t``" for the groups a change tou
   row, and a group left short is refilled from its input evaluated from scratch. A small
   change is merged on the driver (:mod:`ops.buffer`).
 - *basic*: the touched groups are recomputed by Spark from the branch's input arrangement.
-- *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on.
+- *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on
+  (counted on the driver for a small change, :mod:`ops.accumulate`).
 - *threshold*: per-row counts of both inputs of INTERSECT/EXCEPT, and the multiplicity rule.
 
 Contract in ``(data, time, diff)`` terms: given the input's updates ``Δ`` in ``(old, new]``

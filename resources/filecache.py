@@ -11,8 +11,14 @@ Contract in ``(data, time, diff)`` terms: :meth:`FileCache.read` returns exactly
 ``(columns..., _time, _diff)`` stored in the file, with the schema asked, whether they come
 from memory or from disk. An entry is keyed by the file's path, its size and modification
 time, and the schema: a file that a tool rewrote in place is read again, never served stale.
-A file that a compaction removed is no longer asked for and ages out (least recently used
-first) once the entries exceed the budget; a budget of 0 keeps nothing.
+
+What stays: a lookup tells the cache which files its table has now (:meth:`FileCache.keep_only`),
+so the files a compaction removed leave at once. A file that does not fit in what is left of
+the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read first);
+otherwise it is returned without being kept. So a working set larger than the budget keeps
+the part that fits and decodes the rest each time, instead of evicting, in a cycle, each
+file just before it is read again (least-recently-used's worst case). A budget of 0 keeps
+nothing.
 
 The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`): one cache
 serves every view and engine of the process, as one Spark session does.
@@ -22,7 +28,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -32,6 +40,9 @@ DEFAULT_BUDGET_MB = 2048
 """Memory the cache may hold when ``[refresh] cache_mb`` is not set: SF1's arrangements and
 state (the bench's TPC-H views) take about 770 MiB decoded; SF3's lineitem alone 1.6 GiB, of
 which the budget keeps the most recently probed files."""
+
+IDLE_SECONDS = 6 * 3600.0
+"""An entry not read for this long may make room for another file (see the module)."""
 
 _Key = tuple[str, int, int, str]
 
@@ -47,11 +58,13 @@ class CacheStats:
 
 
 class FileCache:
-    """Least recently used Parquet files, decoded as Arrow tables, within a byte budget."""
+    """Parquet files decoded as Arrow tables, within a byte budget (see the module)."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, idle_seconds: float = IDLE_SECONDS) -> None:
         self._budget = budget_bytes
-        self._entries: OrderedDict[_Key, pa.Table] = OrderedDict()
+        self._idle = idle_seconds
+        self._entries: OrderedDict[_Key, pa.Table] = OrderedDict()  # least recently read first
+        self._read_at: dict[_Key, float] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[_Key, threading.Lock] = {}
@@ -74,8 +87,18 @@ class FileCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._read_at.clear()
             self._bytes = 0
             self.stats = CacheStats()
+
+    def keep_only(self, directory: str, paths: Iterable[str]) -> None:
+        """Drop the entries of files under ``directory`` (a table's) other than ``paths``
+        (the files the table has now: the others were compacted away)."""
+        live = set(paths)
+        prefix = directory.rstrip("/") + "/"
+        with self._lock:
+            for key in [k for k in self._entries if k[0].startswith(prefix) and k[0] not in live]:
+                self._drop(key)
 
     def holds(self, path: str, schema: pa.Schema) -> bool:
         """Whether ``path`` (as it is now on disk) is in memory with ``schema``."""
@@ -93,16 +116,14 @@ class FileCache:
         with self._lock:
             table = self._entries.get(key)
             if table is not None:
-                self._entries.move_to_end(key)
-                self.stats.hits += 1
+                self._touch(key)
                 return table, False
             loading = self._loading.setdefault(key, threading.Lock())
         with loading:
             with self._lock:
                 table = self._entries.get(key)
                 if table is not None:  # another thread decoded it meanwhile
-                    self._entries.move_to_end(key)
-                    self.stats.hits += 1
+                    self._touch(key)
                     return table, False
             table = _decode(path, schema)
             with self._lock:
@@ -110,17 +131,32 @@ class FileCache:
                 self.stats.misses += 1
                 self.stats.rows_loaded += table.num_rows
                 size = table.nbytes
-                if size <= self._budget:
-                    self._evict_over(self._budget - size)
+                self._evict_over(self._budget - size, idle_only=True)
+                if self._bytes + size <= self._budget:
                     self._entries[key] = table
+                    self._read_at[key] = time.monotonic()
                     self._bytes += size
             return table, True
 
-    def _evict_over(self, limit: int) -> None:
+    def _touch(self, key: _Key) -> None:
+        self._entries.move_to_end(key)
+        self._read_at[key] = time.monotonic()
+        self.stats.hits += 1
+
+    def _drop(self, key: _Key) -> None:
+        self._bytes -= self._entries.pop(key).nbytes
+        del self._read_at[key]
+        self.stats.evictions += 1
+
+    def _evict_over(self, limit: int, idle_only: bool = False) -> None:
+        """Drop least recently read entries while more than ``limit`` bytes are held; with
+        ``idle_only``, only those idle for the cache's idle time."""
+        idle_since = time.monotonic() - self._idle
         while self._entries and self._bytes > limit:
-            _, table = self._entries.popitem(last=False)
-            self._bytes -= table.nbytes
-            self.stats.evictions += 1
+            key = next(iter(self._entries))
+            if idle_only and self._read_at[key] > idle_since:
+                return
+            self._drop(key)
 
 
 def _key(path: str, schema: pa.Schema) -> _Key | None:

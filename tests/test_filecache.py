@@ -34,12 +34,12 @@ def test_rows_come_from_memory_after_the_first_read(tmp_path) -> None:
     assert decoded and part.column_names == ["s"] and part.num_rows == 1_000
 
 
-def test_the_least_recently_read_files_leave_first_and_nothing_exceeds_the_budget(
+def test_the_least_recently_read_idle_files_leave_first_and_nothing_exceeds_the_budget(
     tmp_path,
 ) -> None:
     paths = [_file(tmp_path / f"f{i}.parquet", 1_000) for i in range(3)]
     size = pq.read_table(paths[0]).cast(SCHEMA).combine_chunks().nbytes
-    cache = FileCache(2 * size)
+    cache = FileCache(2 * size, idle_seconds=0)  # every entry idle: least recently read out
     cache.read(paths[0], SCHEMA)
     cache.read(paths[1], SCHEMA)
     cache.read(paths[0], SCHEMA)  # now paths[1] is the least recently read
@@ -52,6 +52,29 @@ def test_the_least_recently_read_files_leave_first_and_nothing_exceeds_the_budge
     assert decoded and table.num_rows == 1_000 and cache.held_bytes == 0
     off = FileCache(0)
     assert off.read(paths[0], SCHEMA)[1] and off.read(paths[0], SCHEMA)[1]
+
+
+def test_a_full_cache_keeps_its_recent_files_rather_than_cycle(tmp_path) -> None:
+    """Three files read in turn through a cache that fits two: the two first stay, the third
+    is decoded on every read; least recently used would have decoded every read."""
+    paths = [_file(tmp_path / f"f{i}.parquet", 1_000) for i in range(3)]
+    size = pq.read_table(paths[0]).cast(SCHEMA).combine_chunks().nbytes
+    cache = FileCache(2 * size)
+    decoded = [cache.read(p, SCHEMA)[1] for _ in range(3) for p in paths]
+    assert decoded == [True, True, True] + [False, False, True] * 2
+    assert cache.held_bytes == 2 * size and cache.stats.evictions == 0
+
+
+def test_files_a_table_no_longer_has_leave(tmp_path) -> None:
+    table = tmp_path / "t"
+    table.mkdir()
+    old, new = _file(table / "a.parquet", 10), _file(table / "b.parquet", 10)
+    other = _file(tmp_path / "other.parquet", 10)
+    cache = FileCache(1 << 20)
+    for p in (old, new, other):
+        cache.read(p, SCHEMA)
+    cache.keep_only(str(table), [new])  # a compaction replaced a.parquet
+    assert [cache.holds(p, SCHEMA) for p in (old, new, other)] == [False, True, True]
 
 
 def test_a_file_rewritten_in_place_is_read_again(tmp_path) -> None:
