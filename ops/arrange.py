@@ -262,6 +262,7 @@ def lookup(
             scans.append(([f.file for f in live], k0.isNull()))
     else:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
+    pushed = scans
     if first and not null_first and DRIVER_LOOKUP_ROWS and scans and scans[0][1] is not None:
         # Few keys: pushed down into Spark's scans, unless the files are in the driver's
         # memory already (or small enough to decode whole): then the driver probes them.
@@ -274,7 +275,6 @@ def lookup(
             schema,
             key,
             found,
-            first,
             as_of,
             None if raw else data,
             stats,
@@ -287,6 +287,7 @@ def lookup(
             if raw or summed:
                 return frame, stats
             return consolidate(frame, data, by_time=False), stats
+        scans = pushed  # too many rows for the driver: Spark reads them as it would have
     narrow = _narrowing(key, rows)
     if narrow is not None:
         scans = [(chosen, cond if cond is None else cond & narrow) for chosen, cond in scans]
@@ -328,7 +329,6 @@ def _read_once_by_driver(
     schema: pa.Schema,
     key: Sequence[str],
     found: pa.Table,
-    first: Sequence[object],
     as_of: int,
     data: Sequence[str] | None,
     stats: LookupStats | None = None,
@@ -375,16 +375,19 @@ def _probed(
 ) -> Iterator[pa.Table]:
     """The rows of ``files`` (read with ``types``) with ``_time`` at most ``as_of`` whose
     every key column holds one of the values ``found`` has in that column (NULL among them
-    if ``found`` has one): a superset of the rows matching a row of ``found``, file by file
-    (see :func:`_read_once_by_driver`)."""
+    if ``found`` has one): a superset of the rows matching a row of ``found``. A file the
+    cache holds or would keep is probed in memory (decoded whole on its first read); the
+    others' row groups whose statistics admit the keys are decoded (Arrow's scan)."""
     values = {c: pc.unique(found.column(c)) for c in found.column_names}
-    if FILES.budget_bytes == 0:
+    held = [f for f in files if FILES.would_keep(local_path(f.uri), types)]
+    scanned = [f for f in files if f not in held]
+    if scanned:  # no cache, or no room for these files: their matching row groups only
         condition = reduce(
             lambda a, b: a & b,
             [pc.field(c).isin(v) for c, v in values.items()],
             pc.field(TIME) <= as_of,
         )
-        dataset = ds.dataset([local_path(f.uri) for f in files], schema=types, format="parquet")
+        dataset = ds.dataset([local_path(f.uri) for f in scanned], schema=types, format="parquet")
         for fragment in dataset.get_fragments():  # the row groups whose statistics admit a key
             decoded = sum(
                 group.num_rows
@@ -396,8 +399,7 @@ def _probed(
                 stats.rows_scanned += decoded
         for batch in dataset.to_batches(columns=types.names, filter=condition):
             yield pa.Table.from_batches([batch.cast(types)])
-        return
-    for f in files:
+    for f in held:
         path = local_path(f.uri)
         table, decoded = FILES.read(path, types)
         if decoded:
@@ -461,7 +463,9 @@ def lookup_rows(
     stats.files_opened = len(chosen)
     stats.rows_in_opened_files = sum(f.file.num_records or 0 for f in chosen)
     opened = [f.file for f in chosen]
-    cold = FILES.budget_bytes > 0 and stats.rows_in_opened_files <= COLD_READ_ROWS
+    cold = stats.rows_in_opened_files <= COLD_READ_ROWS and all(
+        FILES.would_keep(local_path(f.uri), schema) for f in opened
+    )
     if stats.rows_in_opened_files > max_rows and not (cold or _in_memory(opened, schema)):
         return None, stats
     parts = list(_probed(opened, schema, wanted, as_of, stats))

@@ -17,8 +17,9 @@ so the files a compaction removed leave at once. A file that does not fit in wha
 the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read first);
 otherwise it is returned without being kept. So a working set larger than the budget keeps
 the part that fits and decodes the rest each time, instead of evicting, in a cycle, each
-file just before it is read again (least-recently-used's worst case). A budget of 0 keeps
-nothing.
+file just before it is read again (least-recently-used's worst case); a file it could not
+keep, it says so (:meth:`FileCache.would_keep`), and lookups then read that file's matching
+row groups only, as with no cache. A budget of 0 keeps nothing.
 
 The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`): one cache
 serves every view and engine of the process, as one Spark session does.
@@ -65,6 +66,7 @@ class FileCache:
         self._idle = idle_seconds
         self._entries: OrderedDict[_Key, pa.Table] = OrderedDict()  # least recently read first
         self._read_at: dict[_Key, float] = {}
+        self._refused: dict[_Key, int] = {}  # files decoded but not kept: their size
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[_Key, threading.Lock] = {}
@@ -88,6 +90,7 @@ class FileCache:
         with self._lock:
             self._entries.clear()
             self._read_at.clear()
+            self._refused.clear()
             self._bytes = 0
             self.stats = CacheStats()
 
@@ -99,6 +102,23 @@ class FileCache:
         with self._lock:
             for key in [k for k in self._entries if k[0].startswith(prefix) and k[0] not in live]:
                 self._drop(key)
+
+    def would_keep(self, path: str, schema: pa.Schema) -> bool:
+        """Whether :meth:`read` would answer from memory or keep what it decodes, as far as
+        the cache knows: False for a file it decoded and could not keep, while there is
+        still no room for it (a caller then reads only the parts it needs)."""
+        key = _key(path, schema)
+        with self._lock:
+            if key is None or self._budget == 0:
+                return False
+            size = self._refused.get(key)
+            return size is None or key in self._entries or self._room() >= size
+
+    def _room(self) -> int:
+        """Bytes free, counting entries idle long enough to make way."""
+        idle_since = time.monotonic() - self._idle
+        idle = sum(t.nbytes for k, t in self._entries.items() if self._read_at[k] <= idle_since)
+        return self._budget - self._bytes + idle
 
     def holds(self, path: str, schema: pa.Schema) -> bool:
         """Whether ``path`` (as it is now on disk) is in memory with ``schema``."""
@@ -136,6 +156,9 @@ class FileCache:
                     self._entries[key] = table
                     self._read_at[key] = time.monotonic()
                     self._bytes += size
+                    self._refused.pop(key, None)
+                else:
+                    self._refused[key] = size
             return table, True
 
     def _touch(self, key: _Key) -> None:

@@ -63,6 +63,10 @@ def test_a_full_cache_keeps_its_recent_files_rather_than_cycle(tmp_path) -> None
     decoded = [cache.read(p, SCHEMA)[1] for _ in range(3) for p in paths]
     assert decoded == [True, True, True] + [False, False, True] * 2
     assert cache.held_bytes == 2 * size and cache.stats.evictions == 0
+    # The refused file is known: a lookup reads only its matching row groups instead.
+    assert [cache.would_keep(p, SCHEMA) for p in paths] == [True, True, False]
+    cache.keep_only(str(tmp_path), paths[1:])  # room again: it would be kept
+    assert cache.would_keep(paths[2], SCHEMA) and not FileCache(0).would_keep(paths[2], SCHEMA)
 
 
 def test_files_a_table_no_longer_has_leave(tmp_path) -> None:
