@@ -42,10 +42,21 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.plan.reduce import StateTable
 from ops import DIFF, TIME, buffer
-from ops.buffer import summed
+from ops.buffer import Row, summed
 from ops.sink import exact_types
 
-Row = tuple[Any, ...]
+
+def _rows_at_most(store: Any) -> int:
+    """How many rows the driver may take on for ``store``'s refresh (0: none: Spark must)."""
+    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
+    usable = store.small and store.read_rows is not None and store.write_rows is not None
+    return max(most, 0) if usable else 0
+
+
+def _local(spark: Any, rows: Sequence[Row], schema: pa.Schema) -> DataFrame:
+    """``rows`` (tuples in ``schema``'s column order) as a Spark local relation."""
+    table = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema)
+    return spark.createDataFrame(table, schema=from_arrow_schema(schema))
 
 
 def accumulate_on_driver(
@@ -61,10 +72,8 @@ def accumulate_on_driver(
     at old and new (``(keys..., state columns...)``, groups with rows only), or None (nothing
     written) when Spark must. ``touched(most)``: the touched groups' keys, or None when there
     are more than ``most``."""
-    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
-    if not store.small or most <= 0 or store.read_rows is None or store.write_rows is None:
-        return None
-    if not exact_types(sums.schema):
+    most = _rows_at_most(store)
+    if not most or not exact_types(sums.schema):
         return None
     held = sums.limit(most + 1).toArrow()
     if held.num_rows > most:
@@ -85,19 +94,12 @@ def accumulate_on_driver(
     store.write_rows(
         table, change.append_column(TIME, pa.array([store.new] * change.num_rows, pa.int64()))
     )
-    schema = change.schema
-    spark = store.spark
-    out = []
     rows_at = names.index("_rows")
-    for state in (old, new):
-        kept = {g: v for g, v in state.items() if v[rows_at] > 0}  # the group exists
-        columns = list(zip(*[(*g, *v) for g, v in kept.items()], strict=True)) or [
-            [] for _ in schema.names
-        ]
-        arrays = [pa.array(list(c), f.type) for c, f in zip(columns, schema, strict=True)]
-        local = pa.Table.from_arrays(arrays, schema=schema)
-        out.append(spark.createDataFrame(local, schema=from_arrow_schema(schema)))
-    return out[0], out[1]
+    old_rows, new_rows = (
+        _local(store.spark, [(*g, *v) for g, v in state.items() if v[rows_at] > 0], change.schema)
+        for state in (old, new)  # a group exists while it has rows
+    )
+    return old_rows, new_rows
 
 
 def _add(
@@ -120,10 +122,8 @@ def distinct_on_driver(
     """Apply ``change`` (``(columns..., _diff, _time)``, one row per ``columns`` tuple) to
     the counts in ``table``; return the distinct set's change ``(columns..., _diff)``, or
     None (nothing written) when Spark must."""
-    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
-    if not store.small or most <= 0 or store.read_rows is None or store.write_rows is None:
-        return None
-    if store.old <= 0 or not exact_types(change.schema):
+    most = _rows_at_most(store)
+    if not most or store.old <= 0 or not exact_types(change.schema):
         return None
     held = change.limit(most + 1).toArrow()
     if held.num_rows > most:
@@ -141,8 +141,4 @@ def distinct_on_driver(
         if flip:
             flips.append((*row, flip))
     schema = held.select(cols).schema.append(pa.field(DIFF, pa.int64(), nullable=False))
-    arrays = list(zip(*flips, strict=True)) or [[] for _ in schema.names]
-    local = pa.Table.from_arrays(
-        [pa.array(list(a), f.type) for a, f in zip(arrays, schema, strict=True)], schema=schema
-    )
-    return store.spark.createDataFrame(local, schema=from_arrow_schema(schema))
+    return _local(store.spark, flips, schema)

@@ -350,7 +350,7 @@ def _read_once_by_driver(
     names = types.names if data is None else [*data, TIME, DIFF]
     found = found.cast(schema_of(types, key))
     batches, rows = [], 0
-    for part in _probed(files, types, found, as_of, stats):
+    for part in _probed(files, types, found, as_of, stats, names):
         rows += part.num_rows
         if rows > DRIVER_LOOKUP_ROWS:
             return None
@@ -372,12 +372,14 @@ def _probed(
     found: pa.Table,
     as_of: int,
     stats: LookupStats | None,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[pa.Table]:
     """The rows of ``files`` (read with ``types``) with ``_time`` at most ``as_of`` whose
     every key column holds one of the values ``found`` has in that column (NULL among them
     if ``found`` has one): a superset of the rows matching a row of ``found``. A file the
     cache holds or would keep is probed in memory (decoded whole on its first read); the
-    others' row groups whose statistics admit the keys are decoded (Arrow's scan)."""
+    others' row groups whose statistics admit the keys are decoded (Arrow's scan), only
+    ``columns`` of them when given (the files held keep every column: lookups share them)."""
     values = {c: pc.unique(found.column(c)) for c in found.column_names}
     held = [f for f in files if FILES.would_keep(local_path(f.uri), types)]
     scanned = [f for f in files if f not in held]
@@ -397,8 +399,9 @@ def _probed(
             count_driver_read(fragment.path, decoded)
             if stats is not None:
                 stats.rows_scanned += decoded
-        for batch in dataset.to_batches(columns=types.names, filter=condition):
-            yield pa.Table.from_batches([batch.cast(types)])
+        read = schema_of(types, columns or types.names)
+        for batch in dataset.to_batches(columns=read.names, filter=condition):
+            yield pa.Table.from_batches([batch.cast(read)])
     for f in held:
         path = local_path(f.uri)
         table, decoded = FILES.read(path, types)
