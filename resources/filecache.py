@@ -50,7 +50,7 @@ _Key = tuple[str, int, int, str]
 
 @dataclass
 class CacheStats:
-    """What the cache did since the process started (or :meth:`FileCache.clear`)."""
+    """What the cache did since it was made."""
 
     hits: int = 0
     misses: int = 0
@@ -85,14 +85,6 @@ class FileCache:
         with self._lock:
             self._budget = max(0, budget_bytes)
             self._evict_over(self._budget)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._read_at.clear()
-            self._refused.clear()
-            self._bytes = 0
-            self.stats = CacheStats()
 
     def keep_only(self, directory: str, paths: Iterable[str]) -> None:
         """Drop the entries of files under ``directory`` (a table's) other than ``paths``
