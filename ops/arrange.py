@@ -249,26 +249,34 @@ def lookup(
     null_first = any(r[0] is None for r in rows)
     k0 = F.col(f"`{key[0]}`")
     live_rows = sum(f.file.num_records or 0 for f in live)
-    if not first:
-        scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
-    elif PUSH_RATIO * len(first) * PAGE_ROWS < live_rows:
-        scans = []
+
+    def pushed() -> list[tuple[list[DataFile], Column | None]]:
+        # Built only when Spark scans: an IN list is a py4j call per value (SF3
+        # revenue_by_segment, its lookups probed in memory: 0.8s building 1,610 unused ones).
+        out = []
         for i in range(0, len(first), PUSHDOWN_KEYS):
             chunk = first[i : i + PUSHDOWN_KEYS]
             chosen = [f.file for f in live if _may_hold(f, key[0], chunk)]
             if chosen:
-                scans.append((chosen, k0.isin(chunk)))
+                out.append((chosen, k0.isin(chunk)))
         if null_first:
-            scans.append(([f.file for f in live], k0.isNull()))
-    else:
+            out.append(([f.file for f in live], k0.isNull()))
+        return out
+
+    push = bool(first) and PUSH_RATIO * len(first) * PAGE_ROWS < live_rows
+    if not first:
+        scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
+    elif not push:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
-    pushed = scans
-    if first and not null_first and DRIVER_LOOKUP_ROWS and scans and scans[0][1] is not None:
+    else:
+        scans = []
         # Few keys: pushed down into Spark's scans, unless the files are in the driver's
         # memory already (or small enough to decode whole): then the driver probes them.
         chosen = [f.file for f in live if _may_hold(f, key[0], first)]
-        if _in_memory(chosen, schema):
+        if not null_first and DRIVER_LOOKUP_ROWS and _in_memory(chosen, schema):
             scans = [(chosen, None)]
+        else:
+            scans = pushed()
     if scans and scans[0][1] is None and not null_first and DRIVER_LOOKUP_ROWS:
         read = _read_once_by_driver(
             scans[0][0],
@@ -287,7 +295,8 @@ def lookup(
             if raw or summed:
                 return frame, stats
             return consolidate(frame, data, by_time=False), stats
-        scans = pushed  # too many rows for the driver: Spark reads them as it would have
+        if push:  # too many rows for the driver: Spark reads them as it would have
+            scans = pushed()
     narrow = _narrowing(key, rows)
     if narrow is not None:
         scans = [(chosen, cond if cond is None else cond & narrow) for chosen, cond in scans]
@@ -421,22 +430,29 @@ COLD_FILE_ROWS = 50_000
 memory for :func:`_in_memory`: decoding it whole costs less than a Spark job."""
 
 
-COLD_READ_ROWS = 4_000_000
-"""Most rows :func:`lookup_rows` decodes into the driver's cache for a lookup whose files it
-does not hold yet (as many as the driver rewrites of a readable table, ``ops.sink``): the
-next lookups probe them in memory. SF1 ``revenue_by_segment``'s DISTINCT counts: 1.5M rows,
-71 MiB decoded."""
+COLD_READ_ROWS = 24_000_000
+"""Most rows of files not in the driver's memory yet that a lookup decodes whole into its
+cache (:func:`_in_memory`), when the cache would keep them; past it, Spark reads them (the
+matching pages only). Decoded once, they are probed in memory by every later lookup, so one
+decode pays for itself after a refresh: SF3 ``lineitem``'s arrangement (18M updates, 36
+files), left to Spark's pushed-down scans, cost ``building_open_lines`` and
+``revenue_by_segment`` a 1.1s job each per refresh. The cache's budget bounds what stays."""
 
 
 def _in_memory(files: Sequence[DataFile], schema: pa.Schema) -> bool:
-    """Whether the driver holds ``files`` decoded (or can decode them at once, being small),
-    so that a lookup of few keys probes them there rather than in a Spark scan."""
+    """Whether the driver holds ``files`` decoded, or can decode them now and keep them
+    (small files, or at most :data:`COLD_READ_ROWS` rows the cache has room for), so that a
+    lookup probes them in memory rather than in a Spark scan."""
     if FILES.budget_bytes == 0 or not files:
         return False
     types = spark_compatible_schema(schema)
-    return all(
-        (f.num_records or 0) <= COLD_FILE_ROWS or FILES.holds(local_path(f.uri), types)
+    cold = [
+        f
         for f in files
+        if (f.num_records or 0) > COLD_FILE_ROWS and not FILES.holds(local_path(f.uri), types)
+    ]
+    return sum(f.num_records or 0 for f in cold) <= COLD_READ_ROWS and all(
+        FILES.would_keep(local_path(f.uri), types) for f in cold
     )
 
 
@@ -450,8 +466,7 @@ def lookup_rows(
 
     The files are chosen as :func:`lookup` chooses them (``_time`` and the first key
     column's range); None when they hold more than ``max_rows`` rows, unless the driver holds
-    them decoded (:func:`_in_memory`) or, with the cache on, they hold at most
-    :data:`COLD_READ_ROWS` (decoded now, and kept): Spark reads them.
+    them decoded or can decode and keep them (:func:`_in_memory`): Spark reads them.
     """
     files = table_file_stats(uri, [key[0], TIME])
     FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
@@ -466,10 +481,7 @@ def lookup_rows(
     stats.files_opened = len(chosen)
     stats.rows_in_opened_files = sum(f.file.num_records or 0 for f in chosen)
     opened = [f.file for f in chosen]
-    cold = stats.rows_in_opened_files <= COLD_READ_ROWS and all(
-        FILES.would_keep(local_path(f.uri), schema) for f in opened
-    )
-    if stats.rows_in_opened_files > max_rows and not (cold or _in_memory(opened, schema)):
+    if stats.rows_in_opened_files > max_rows and not _in_memory(opened, schema):
         return None, stats
     parts = list(_probed(opened, schema, wanted, as_of, stats))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()

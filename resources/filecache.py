@@ -37,10 +37,42 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-DEFAULT_BUDGET_MB = 2048
-"""Memory the cache may hold when ``[refresh] cache_mb`` is not set: SF1's arrangements and
-state (the bench's TPC-H views) take about 770 MiB decoded; SF3's lineitem alone 1.6 GiB, of
-which the budget keeps the most recently probed files."""
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+"""Where a container's memory limit is (cgroup v2, then v1)."""
+
+
+def memory_bytes() -> int | None:
+    """The memory this process can count on: the machine's, or its container's limit when
+    lower; None when the platform does not say."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for limit in CGROUP_LIMITS:
+        try:
+            with open(limit, encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def default_budget_mb(memory: int | None) -> int:
+    """A quarter of ``memory`` (bytes), between 256 MiB and 8 GiB; 2 GiB when unknown."""
+    if memory is None:
+        return 2048
+    return max(256, min(8192, memory // 4 // 2**20))
+
+
+DEFAULT_BUDGET_MB = default_budget_mb(memory_bytes())
+"""Memory the cache may hold when ``[refresh] cache_mb`` is not set: a quarter of the
+machine's (or container's) memory, at most 8 GiB (6 GiB on the bench's 24 GiB machine).
+Decoded, SF1's arrangements and state (the bench's TPC-H views) take about 770 MiB, SF3's
+about 2.2 GiB, 1.6 GiB of it ``lineitem``'s arrangement (its decimals take 16 bytes each);
+with a 2 GiB budget SF3's DISTINCT counts did not fit and a Spark scan read them each refresh
+(1.5s of ``revenue_by_segment``'s 3.1-4.7s)."""
 
 IDLE_SECONDS = 6 * 3600.0
 """An entry not read for this long may make room for another file (see the module)."""

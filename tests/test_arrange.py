@@ -156,7 +156,8 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
         return stats, sum(after[f] - before.get(f, 0) for f in after), scans
 
     few = random.Random(7).sample(range(20_000), 7)
-    stats, decoded, scans = look(few, 2)  # cold: pushed down into Spark's scan
+    monkeypatch.setattr(arrange, "COLD_READ_ROWS", big - 1)  # too many rows to decode cold
+    stats, decoded, scans = look(few, 2)  # so: pushed down into Spark's scan
     assert scans and decoded == 0 and cache.stats.misses == 0
     stats, decoded, scans = look(random.Random(8).sample(range(20_000), 3_000), 2)
     assert not scans and decoded == stats.rows_scanned == total and stats.rows_in_memory == 0
@@ -170,6 +171,32 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
     assert cache.held_bytes == 0
     stats, decoded, scans = look(few, 2)
     assert scans and decoded == 0
+
+
+def test_few_keys_decode_cold_files_the_cache_keeps(spark, arrangement, monkeypatch) -> None:
+    """A lookup of few keys into files not held yet decodes them whole when the cache has
+    room and they hold at most ``COLD_READ_ROWS`` rows (then every later lookup probes them
+    in memory), instead of a pushed-down Spark scan that never fills the cache: SF3's
+    ``lineitem`` arrangement, whose keys per lookup are always few next to its 18M rows."""
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(arrange, "FILES", cache)
+    uri, _, state = arrangement
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    files = table_files(uri)
+    total = sum(f.num_records for f in files)
+    keys = random.Random(9).sample(range(20_000), 7)
+    for round_ in range(2):
+        wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
+        before = driver_reads()
+        df, stats = arrange.lookup(spark, uri, schema, ["k"], wanted, 2, measure=True)
+        got = Counter({(r["k"], r["v"]): r[DIFF] for r in df.collect()})
+        assert got == Counter({kv: n for kv, n in state.items() if kv[0] in set(keys)})
+        after = driver_reads()
+        assert not [n for n in arrange.executed_nodes(df) if n.nodeName().startswith("Scan")]
+        decoded = sum(after[f] - before.get(f, 0) for f in after)
+        assert decoded == (total if round_ == 0 else 0)
+        assert stats.rows_in_memory == (0 if round_ == 0 else total)
+    assert cache.stats.misses == len(files)
 
 
 @pytest.mark.parametrize("null_safe", [False, True])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from resources import filecache
 from resources.filecache import FileCache
 
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string())])
@@ -109,3 +110,28 @@ def test_concurrent_readers_decode_a_file_once(tmp_path) -> None:
         t.join()
     assert cache.stats.misses == 1 and cache.stats.hits == 3
     assert all(t.equals(got[0]) for t in got)
+
+
+def test_default_budget_is_a_quarter_of_memory_within_bounds() -> None:
+    """The default budget follows the machine (or container): a quarter of its memory, at
+    least 256 MiB, at most 8 GiB, 2 GiB when the platform does not say."""
+    gib = 2**30
+    assert filecache.default_budget_mb(24 * gib) == 6 * 1024
+    assert filecache.default_budget_mb(64 * gib) == 8 * 1024
+    assert filecache.default_budget_mb(gib // 2) == 256
+    assert filecache.default_budget_mb(None) == 2048
+    memory = filecache.memory_bytes()
+    assert memory is None or memory > 0
+    assert filecache.DEFAULT_BUDGET_MB == filecache.default_budget_mb(memory)
+
+
+def test_a_container_limit_lowers_the_memory_counted_on(tmp_path, monkeypatch) -> None:
+    """A cgroup limit below the machine's memory is what the process can count on; cgroup
+    v2's ``max`` (no limit) is not a number and leaves the machine's."""
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(filecache, "CGROUP_LIMITS", (str(limit), str(tmp_path / "absent")))
+    limit.write_text("max\n")
+    machine = filecache.memory_bytes()
+    assert machine is not None and machine > 2**30
+    limit.write_text(f"{2**30}\n")
+    assert filecache.memory_bytes() == 2**30
