@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ivm.plan.reduce import state_tables
+from resources.filecache import FILES
 from resources.lake import (
     local_path,
     open_for_write,
@@ -247,6 +248,7 @@ def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
             )
         )
     result.rows_after, result.bytes_after, result.files_after = _size(uri)
+    FILES.keep_only(local_path(uri), [local_path(f.uri) for f in table_files(uri)])
 
 
 def _parquet_bytes(paths: list[str], columns: set[str]) -> int:

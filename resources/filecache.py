@@ -174,16 +174,40 @@ class FileCache:
                 self._loading.pop(key, None)
                 self.stats.misses += 1
                 self.stats.rows_loaded += table.num_rows
-                size = table.nbytes
-                self._evict_over(self._budget - size, idle_only=True)
-                if self._bytes + size <= self._budget:
-                    self._entries[key] = table
-                    self._read_at[key] = time.monotonic()
-                    self._bytes += size
-                    self._refused.pop(key, None)
-                else:
-                    self._refused[key] = size
+                self._admit(key, table)
             return table, True
+
+    def put(self, path: str, schema: pa.Schema, table: pa.Table) -> bool:
+        """Keep ``table`` as ``path``'s rows read with ``schema``: a file the caller has
+        just written from exactly these rows (so the next read decodes nothing), if it fits
+        as a decoded file would; whether it is kept."""
+        key = _key(path, schema)
+        if key is None or self._budget == 0:
+            return False
+        table = table.select(schema.names).cast(schema).combine_chunks()
+        with self._lock:
+            return key in self._entries or self._admit(key, table)
+
+    def discard(self, paths: Iterable[str]) -> None:
+        """Drop the entries of ``paths`` (files their table no longer has)."""
+        gone = set(paths)
+        with self._lock:
+            for key in [k for k in self._entries if k[0] in gone]:
+                self._drop(key)
+
+    def _admit(self, key: _Key, table: pa.Table) -> bool:
+        """Keep ``table`` under ``key`` if it fits once idle entries make way; else remember
+        that it did not (lock held)."""
+        size = table.nbytes
+        self._evict_over(self._budget - size, idle_only=True)
+        if self._bytes + size > self._budget:
+            self._refused[key] = size
+            return False
+        self._entries[key] = table
+        self._read_at[key] = time.monotonic()
+        self._bytes += size
+        self._refused.pop(key, None)
+        return True
 
     def _touch(self, key: _Key) -> None:
         self._entries.move_to_end(key)

@@ -689,11 +689,12 @@ def stage_arrow(
     *,
     rows_per_page: int | None = None,
     page_bytes: int | None = None,
-) -> None:
+) -> str | None:
     """Write ``table`` as one Parquet file into the staging folder ``staged_uri``, the way
     the engine's Spark writer would (its codec and level, a page index, decimals as integers,
     no Arrow schema in the footer, timestamps as Spark hands them over: microseconds, UTC):
-    readers cannot tell the two apart."""
+    readers cannot tell the two apart. Returns the file's local path (None on a remote
+    filesystem)."""
     from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
 
     fs, base = _fs(staged_uri)
@@ -715,6 +716,7 @@ def stage_arrow(
         store_decimal_as_integer=True,
         **options,
     )
+    return path if isinstance(fs, pafs.LocalFileSystem) else None
 
 
 def collect_staged(table_uri: str, staged_uri: str) -> StagedFiles:

@@ -135,3 +135,21 @@ def test_a_container_limit_lowers_the_memory_counted_on(tmp_path, monkeypatch) -
     assert machine is not None and machine > 2**30
     limit.write_text(f"{2**30}\n")
     assert filecache.memory_bytes() == 2**30
+
+
+def test_a_file_just_written_is_put_and_read_from_memory_then_discarded(tmp_path) -> None:
+    """A writer hands over the rows of the file it wrote: the next read decodes nothing;
+    a file that does not fit is not kept (and known not to be); discarded files leave."""
+    path = _file(tmp_path / "f.parquet", 1_000)
+    rows = pq.read_table(path)
+    cache = FileCache(1 << 20)
+    assert cache.put(path, SCHEMA, rows) and cache.holds(path, SCHEMA)
+    held, decoded = cache.read(path, SCHEMA)
+    assert not decoded and held.equals(rows.cast(SCHEMA)) and cache.stats.misses == 0
+    assert cache.put(path, SCHEMA, rows) and cache.held_bytes == held.nbytes  # once
+    big = _file(tmp_path / "big.parquet", 100_000)
+    assert not cache.put(big, SCHEMA, pq.read_table(big))
+    assert not cache.holds(big, SCHEMA) and not cache.would_keep(big, SCHEMA)
+    cache.discard([path])
+    assert not cache.holds(path, SCHEMA) and cache.held_bytes == 0
+    assert not FileCache(0).put(path, SCHEMA, rows)

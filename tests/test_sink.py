@@ -419,3 +419,69 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
     read = [spark.read.parquet(*dt.file_uris()).select(*columns) for dt in (driver, by_spark)]
     assert read[0].schema == read[1].schema
     assert read[0].exceptAll(read[1]).count() == read[1].exceptAll(read[0]).count() == 0
+
+
+def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files the driver writes in a rewrite go to its cache of decoded files exactly as a
+    read would decode them (decimals, dates, timestamps, NULLs), so the next rewrite of the
+    table decodes nothing; the files a commit replaced leave the cache."""
+    from datetime import date, datetime, timezone
+    from decimal import Decimal
+
+    from resources.filecache import FileCache, _decode
+    from resources.lake import driver_reads, local_path
+
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(ops.sink, "FILES", cache)
+    typed = pa.schema(
+        [
+            ("k", pa.int64()),
+            ("price", pa.decimal128(12, 2)),
+            ("day", pa.date32()),
+            ("at", pa.timestamp("us", tz="UTC")),
+            ("name", pa.string()),
+        ]
+    )
+
+    def row(k: int, d: int) -> dict:
+        return {
+            "k": k,
+            "price": None if k % 5 == 0 else Decimal(k) / 4,
+            "day": date(1995, 1, 1 + k % 28),
+            "at": datetime(2024, 1, 1, tzinfo=timezone.utc).replace(microsecond=k),
+            "name": None if k % 3 == 0 else f"é{k}",
+            DIFF: d,
+        }
+
+    def put(epoch: int, rows: list[dict]):
+        change = pa.Table.from_pylist(rows, schema=typed.append(pa.field(DIFF, pa.int64())))
+        return apply_to_table(
+            spark,
+            spark.createDataFrame(change),
+            uri,
+            app_id="test",
+            epoch=epoch,
+            metadata={},
+            label="v",
+            rows_hint=len(rows),
+        )
+
+    uri = str(tmp_path / "views" / "t")
+    put(1, [row(k, 1) for k in range(30)])
+    state = Counter({tuple(row(k, 1).values())[:-1]: 1 for k in range(30)})
+    for epoch, (gone, new) in enumerate([(4, 40), (9, 41), (40, 42)], start=2):
+        before = driver_reads()
+        change = put(epoch, [row(gone, -1), row(new, 1)])
+        decoded = sum(n - before.get(f, 0) for f, n in driver_reads().items())
+        assert change.files_rewritten >= 1
+        assert decoded == (change.rows_rewritten if epoch == 2 else 0)  # then held
+        state += Counter({tuple(row(new, 1).values())[:-1]: 1})
+        state -= Counter({tuple(row(gone, 1).values())[:-1]: 1})
+        assert contents(uri) == state
+        live = {local_path(u) for u in DeltaTable(uri).file_uris()}
+        held = {k[0] for k in cache._entries}
+        assert held <= live  # the replaced files left the cache
+        for path in held:
+            assert cache.read(path, typed)[0].equals(_decode(path, typed)), path
