@@ -427,7 +427,7 @@ def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
     """The files the driver writes in a rewrite go to its cache of decoded files exactly as a
     read would decode them (decimals, dates, timestamps, NULLs), so the next rewrite of the
     table decodes nothing; the files a commit replaced leave the cache."""
-    from datetime import date, datetime, timezone
+    from datetime import UTC, date, datetime
     from decimal import Decimal
 
     from resources.filecache import FileCache, _decode
@@ -450,7 +450,7 @@ def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
             "k": k,
             "price": None if k % 5 == 0 else Decimal(k) / 4,
             "day": date(1995, 1, 1 + k % 28),
-            "at": datetime(2024, 1, 1, tzinfo=timezone.utc).replace(microsecond=k),
+            "at": datetime(2024, 1, 1, tzinfo=UTC).replace(microsecond=k),
             "name": None if k % 3 == 0 else f"é{k}",
             DIFF: d,
         }
