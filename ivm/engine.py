@@ -1220,9 +1220,8 @@ class Engine:
         from functools import partial
 
         from ops.consolidate import consolidate
-        from ops.join import held_rows, render_join_delta
+        from ops.join import render_join_delta
         from ops.reduce import render_stateful
-        from ops.sink import DRIVER_CHANGE_ROWS
         from ops.stateless import render
 
         for arrangement in self.plan.arrangements_of(plan.name):
@@ -1249,7 +1248,6 @@ class Engine:
                 store=store,
                 snapshot=lambda coll, at: self._collection_updates(coll, 0, at),
                 unchanged=unchanged,
-                hold=partial(held_rows, most=DRIVER_CHANGE_ROWS) if small else None,
             )
         stateful = partial(render_stateful, store=store)
         updates = render(plan.root, inputs, delta_join, stateful)

@@ -201,7 +201,7 @@ def lookup(
     uri: str,
     schema: pa.Schema,
     key: Sequence[str],
-    keys: DataFrame | pa.Table,
+    keys: DataFrame,
     as_of: int,
     *,
     measure: bool = False,
@@ -210,8 +210,7 @@ def lookup(
     columns: Collection[str] | None = None,
 ) -> tuple[DataFrame, LookupStats]:
     """The arrangement's state at ``as_of`` for the keys in ``keys`` (columns named ``key``;
-    a key may repeat: callers need not make them distinct; Arrow rows the driver holds are
-    taken as they are, a DataFrame's are collected).
+    a key may repeat: callers need not make them distinct).
 
     Collects the stream's distinct keys (proportional to the change) to prune files by their
     key statistics; for few keys (:data:`PUSH_RATIO`) it also pushes ``key IN (...)`` into
@@ -242,10 +241,7 @@ def lookup(
     # the stream behind ``keys`` is not computed again by the scan's job. They are made
     # distinct there, not by Spark: a distinct is a shuffle, and so a second Spark job per
     # lookup (SF0.1, the demo's views after a 0.1% batch: 220 -> 199 jobs per refresh).
-    if isinstance(keys, pa.Table):  # the driver holds them already: no Spark job
-        found = distinct_rows(keys if null_safe else keys.drop_null())
-    else:
-        found = distinct_rows((keys if null_safe else keys.dropna()).toArrow())
+    found = distinct_rows((keys if null_safe else keys.dropna()).toArrow())
     wanted = spark.createDataFrame(found)
     rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
     stats.keys = len(rows)

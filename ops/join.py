@@ -26,7 +26,6 @@ from collections.abc import Callable, Collection, Mapping
 from functools import reduce
 from typing import Protocol
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -46,46 +45,11 @@ class Lookup(Protocol):
     def __call__(
         self,
         stage: LookupStage,
-        keys: DataFrame | pa.Table,
+        keys: DataFrame,
         as_of: int,
         *,
         columns: Collection[str] | None = None,
     ) -> DataFrame: ...
-
-
-Hold = Callable[[DataFrame], pa.Table | None]
-"""A stream's rows brought to the driver as Arrow, or None when there are too many."""
-
-
-def held_rows(df: DataFrame, most: int) -> pa.Table | None:
-    """``df``'s rows as Arrow (one Spark job), or None when it has more than ``most``."""
-    table = df.limit(most + 1).toArrow()
-    return None if table.num_rows > most else table
-
-
-def _kept(stream: DataFrame, hold: Hold | None) -> tuple[DataFrame, pa.Table | None]:
-    """``stream`` computed once for its several readers: held by the driver (its rows as a
-    local relation, and as Arrow, so the next lookup takes its keys with no Spark job) when
-    ``hold`` takes it; else a local checkpoint on the executors."""
-    table = hold(stream) if hold is not None else None
-    if table is None:
-        return materialize(stream), None
-    return stream.sparkSession.createDataFrame(table, schema=stream.schema), table
-
-
-def _held_keys(tables: list[pa.Table | None], stages: list[LookupStage]) -> pa.Table | None:
-    """The union of the held streams' keys for their stages (named as the arrangement's
-    key), or None when a stream is not held or their key types differ."""
-    if any(t is None for t in tables):
-        return None
-    parts = [
-        t.select(list(st.stream_keys)).rename_columns(list(st.arrangement.key))
-        for t, st in zip(tables, stages, strict=True)
-        if t is not None
-    ]
-    if any(p.schema != parts[0].schema for p in parts):
-        return None
-    return pa.concat_tables(parts)
 
 
 _RIGHT_DIFF = "_diff_right"
@@ -177,16 +141,13 @@ def render_join_delta(
     store: StateStore | None = None,
     snapshot: Callable[[str, int], DataFrame] | None = None,
     unchanged: Collection[str] = (),
-    hold: Hold | None = None,
 ) -> DataFrame:
     """The join's updates in ``(old, new]`` by one delta path per input (see module doc).
 
     ``old`` 0 (a build: ``deltas`` are the inputs' snapshots) joins from scratch. ``store``
     and ``snapshot`` serve ``NOT IN`` (:func:`render_not_in`). The paths of inputs whose
     collection is in ``unchanged`` are not run: their change sums to nothing on the columns
-    the input reads, so their terms do too (no lookup, no Spark job). ``hold``: for a small
-    change, brings a path's stream between stages to the driver (:func:`held_rows`) instead
-    of a checkpoint, and the next lookup takes its keys from there, with no job of its own.
+    the input reads, so their terms do too (no lookup, no Spark job).
     """
     if isinstance(join, SemiJoin) and join.null_aware:
         if store is None or snapshot is None:
@@ -212,7 +173,6 @@ def render_join_delta(
         inp = join.inputs[path.source]
         delta = prepare(inp, deltas[inp.get.collection])
         streams.append(delta.withColumn(TIME, F.lit(new).cast("bigint")))
-    held: list[pa.Table | None] = [None] * len(streams)
     for depth in range(len(join.inputs) - 1):
         # The paths advance stage by stage together, so the stages that read one arrangement
         # at one time share a single lookup (one scan) with the union of their keys.
@@ -222,16 +182,15 @@ def render_join_delta(
             at = new if stage.as_of == "new" else old
             shared.setdefault((stage.arrangement, at), []).append(i)
         for (_, at), users in shared.items():
-            stages = [paths[i].stages[depth] for i in users]
-            keys = _held_keys([held[i] for i in users], stages)
-            if keys is None:
-                keys = reduce(
-                    DataFrame.unionByName,
-                    [_stage_keys(streams[i], st) for i, st in zip(users, stages, strict=True)],
-                )
+            keys = [_stage_keys(streams[i], paths[i].stages[depth]) for i in users]
             # Only the columns these inputs read: the scan decodes no other column.
-            read = {c for st in stages for c in join.inputs[st.input].get.columns}
-            state = lookup(stages[0], keys, at, columns=read)
+            read = {c for i in users for c in join.inputs[paths[i].stages[depth].input].get.columns}
+            state = lookup(
+                paths[users[0]].stages[depth],
+                reduce(DataFrame.unionByName, keys),
+                at,
+                columns=read,
+            )
             if len(users) > 1:
                 state = materialize(state)
             for i in users:
@@ -241,7 +200,7 @@ def render_join_delta(
                 if depth < len(paths[i].stages) - 1:
                     # The next lookup collects this stream's keys, and the view's updates read
                     # it again: compute it (and the lookup scans behind it) once.
-                    streams[i], held[i] = _kept(streams[i], hold)
+                    streams[i] = materialize(streams[i])
     parts = [_ordered(stream, join) for stream in streams]
     for side in join.preserve:
         pairs = _key_pairs(join, side)
