@@ -269,7 +269,6 @@ def lookup(
     elif not push:
         scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
     else:
-        scans = []
         # Few keys: pushed down into Spark's scans, unless the files are in the driver's
         # memory already (or small enough to decode whole): then the driver probes them.
         chosen = [f.file for f in live if _may_hold(f, key[0], first)]

@@ -5,7 +5,9 @@ rewritten. So the rows of a file, decoded once, stay its rows: a lookup that pro
 arrangement or a state table (``ops.arrange``) finds its keys in memory, in time proportional
 to the keys, instead of decoding Parquet pages that mostly hold other keys. This is how
 Materialize keeps its shared arrangements (in memory, indexed by key); here memory is a cache
-in front of the Delta tables, which stay the durable, shared copy.
+in front of the Delta tables, which stay the durable, shared copy. The driver's rewrites of a
+readable table (``ops.sink``, copy on write) read their files here too, and hand over the
+files they write (:meth:`FileCache.put`): the next rewrite decodes nothing.
 
 Contract in ``(data, time, diff)`` terms: :meth:`FileCache.read` returns exactly the updates
 ``(columns..., _time, _diff)`` stored in the file, with the schema asked, whether they come
@@ -13,7 +15,8 @@ from memory or from disk. An entry is keyed by the file's path, its size and mod
 time, and the schema: a file that a tool rewrote in place is read again, never served stale.
 
 What stays: a lookup tells the cache which files its table has now (:meth:`FileCache.keep_only`),
-so the files a compaction removed leave at once. A file that does not fit in what is left of
+so the files a compaction removed leave at once (compaction tells it too); a rewrite's commit
+drops the files it replaced (:meth:`FileCache.discard`). A file that does not fit in what is left of
 the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read first);
 otherwise it is returned without being kept. So a working set larger than the budget keeps
 the part that fits and decodes the rest each time, instead of evicting, in a cycle, each

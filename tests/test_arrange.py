@@ -131,16 +131,23 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
         assert _dictionary_filter(df) == ([] if driver else [None])
 
 
+def _cached(arrangement, monkeypatch) -> tuple[FileCache, pa.Schema, list, int]:
+    """A cache of its own for the lookups of a test, and the arrangement's schema, files and
+    rows."""
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(arrange, "FILES", cache)
+    uri = arrangement[0]
+    files = table_files(uri)
+    schema = pa.schema(open_table(uri).schema().to_arrow())
+    return cache, schema, files, sum(f.num_records for f in files)
+
+
 def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch) -> None:
     """With a cache, a read-once lookup decodes each file whole once; later lookups, of many
     keys or of few (which would otherwise be pushed down into a Spark scan), probe the
     decoded rows in memory: the same state, no Parquet scan, nothing decoded again."""
-    cache = FileCache(1 << 30)
-    monkeypatch.setattr(arrange, "FILES", cache)
+    cache, schema, files, total = _cached(arrangement, monkeypatch)
     uri, first_state, state = arrangement
-    schema = pa.schema(open_table(uri).schema().to_arrow())
-    files = table_files(uri)
-    total = sum(f.num_records for f in files)
     big = max(f.num_records for f in files)
     assert big > arrange.COLD_FILE_ROWS  # else a few keys would probe it from the start
 
@@ -178,12 +185,8 @@ def test_few_keys_decode_cold_files_the_cache_keeps(spark, arrangement, monkeypa
     room and they hold at most ``COLD_READ_ROWS`` rows (then every later lookup probes them
     in memory), instead of a pushed-down Spark scan that never fills the cache: SF3's
     ``lineitem`` arrangement, whose keys per lookup are always few next to its 18M rows."""
-    cache = FileCache(1 << 30)
-    monkeypatch.setattr(arrange, "FILES", cache)
+    cache, schema, files, total = _cached(arrangement, monkeypatch)
     uri, _, state = arrangement
-    schema = pa.schema(open_table(uri).schema().to_arrow())
-    files = table_files(uri)
-    total = sum(f.num_records for f in files)
     keys = random.Random(9).sample(range(20_000), 7)
     for round_ in range(2):
         wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
