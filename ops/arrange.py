@@ -40,6 +40,7 @@ from resources.filecache import FILES
 from resources.lake import (
     CommitResult,
     DataFile,
+    FileStats,
     count_driver_read,
     local_path,
     spark_compatible_schema,
@@ -196,6 +197,14 @@ def sorted_by(
     return updates.sortWithinPartitions(*cols, TIME)
 
 
+def _table_files(uri: str, k0: str) -> list[FileStats]:
+    """The table's files with ``k0``'s and ``_time``'s statistics; the driver's cache
+    forgets the files the table no longer has (compacted away)."""
+    files = table_file_stats(uri, [k0, TIME])
+    FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
+    return files
+
+
 def lookup(
     spark: SparkSession,
     uri: str,
@@ -229,8 +238,7 @@ def lookup(
     """
     keep = None if columns is None else {*columns, *key}
     data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
-    files = table_file_stats(uri, [key[0], TIME])
-    FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
+    files = _table_files(uri, key[0])
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     stats = LookupStats(lookups=1, files_total=len(files))
     stats.rows_total = sum(f.file.num_records or 0 for f in files)
@@ -467,8 +475,7 @@ def lookup_rows(
     column's range); None when they hold more than ``max_rows`` rows, unless the driver holds
     them decoded or can decode and keep them (:func:`_in_memory`): Spark reads them.
     """
-    files = table_file_stats(uri, [key[0], TIME])
-    FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
+    files = _table_files(uri, key[0])
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     stats = LookupStats(lookups=1, files_total=len(files))
     stats.rows_total = sum(f.file.num_records or 0 for f in files)

@@ -16,8 +16,9 @@ time, and the schema: a file that a tool rewrote in place is read again, never s
 
 What stays: a lookup tells the cache which files its table has now (:meth:`FileCache.keep_only`),
 so the files a compaction removed leave at once (compaction tells it too); a rewrite's commit
-drops the files it replaced (:meth:`FileCache.discard`). A file that does not fit in what is left of
-the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read first);
+drops the files it replaced (:meth:`FileCache.discard`). A file that does not fit in what is
+left of the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read
+first);
 otherwise it is returned without being kept. So a working set larger than the budget keeps
 the part that fits and decodes the rest each time, instead of evicting, in a cycle, each
 file just before it is read again (least-recently-used's worst case); a file it could not
@@ -34,7 +35,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -126,9 +127,7 @@ class FileCache:
         (the files the table has now: the others were compacted away)."""
         live = set(paths)
         prefix = directory.rstrip("/") + "/"
-        with self._lock:
-            for key in [k for k in self._entries if k[0].startswith(prefix) and k[0] not in live]:
-                self._drop(key)
+        self._forget(lambda path: path.startswith(prefix) and path not in live)
 
     def would_keep(self, path: str, schema: pa.Schema) -> bool:
         """Whether :meth:`read` would answer from memory or keep what it decodes, as far as
@@ -194,9 +193,15 @@ class FileCache:
     def discard(self, paths: Iterable[str]) -> None:
         """Drop the entries of ``paths`` (files their table no longer has)."""
         gone = set(paths)
+        self._forget(gone.__contains__)
+
+    def _forget(self, gone: Callable[[str], bool]) -> None:
+        """Drop the entries, and what is known of refused files, whose path is ``gone``."""
         with self._lock:
-            for key in [k for k in self._entries if k[0] in gone]:
+            for key in [k for k in self._entries if gone(k[0])]:
                 self._drop(key)
+            for key in [k for k in self._refused if gone(k[0])]:
+                del self._refused[key]
 
     def _admit(self, key: _Key, table: pa.Table) -> bool:
         """Keep ``table`` under ``key`` if it fits once idle entries make way; else remember

@@ -153,3 +153,20 @@ def test_a_file_just_written_is_put_and_read_from_memory_then_discarded(tmp_path
     cache.discard([path])
     assert not cache.holds(path, SCHEMA) and cache.held_bytes == 0
     assert not FileCache(0).put(path, SCHEMA, rows)
+
+
+def test_files_gone_from_their_table_are_forgotten_refused_ones_too(tmp_path) -> None:
+    """``keep_only`` and ``discard`` drop held entries and what the cache knew of files it
+    refused: a refused file that left its table is not remembered forever."""
+    (tmp_path / "t").mkdir()
+    small = _file(tmp_path / "t" / "a.parquet", 100)
+    big = _file(tmp_path / "t" / "b.parquet", 100_000)
+    cache = FileCache(64 * 1024)
+    cache.read(small, SCHEMA)
+    cache.read(big, SCHEMA)  # too big to keep: refused, and known to be
+    assert cache.holds(small, SCHEMA) and cache._refused
+    cache.keep_only(str(tmp_path / "t"), [small])
+    assert cache.holds(small, SCHEMA) and not cache._refused
+    cache.read(big, SCHEMA)
+    cache.discard([small, big])
+    assert not cache.holds(small, SCHEMA) and not cache._refused and cache.held_bytes == 0
