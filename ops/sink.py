@@ -210,7 +210,7 @@ def append_updates(
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
     staged = stage_updates(updates, log_uri, epoch, "updates", parquet_options, small=small)
-    return _commit_staged(
+    return commit_staged(
         staged, log_uri, app_id, epoch, arrow_schema(updates), metadata, description, overwrite
     )
 
@@ -230,12 +230,12 @@ def append_rows(
     log's column types: it writes them as one file and commits it, with no Spark job."""
     staged_uri = staging_uri(log_uri, epoch, "updates")
     staged = _stage_rows(log_uri, staged_uri, rows, parquet_options or {})
-    return _commit_staged(
+    return commit_staged(
         staged, log_uri, app_id, epoch, rows.schema, metadata, description, overwrite
     )
 
 
-def _commit_staged(
+def commit_staged(
     staged: StagedFiles,
     log_uri: str,
     app_id: str,
@@ -245,6 +245,8 @@ def _commit_staged(
     description: str,
     overwrite: bool = False,
 ) -> CommitResult:
+    """Commit the files staged for ``epoch`` (once: txn ``(app_id, epoch)``); the result
+    carries their rows and bytes, and the rows themselves when the driver wrote them."""
     result = commit_files(
         log_uri,
         app_id=app_id,
@@ -649,7 +651,7 @@ def _rewrite_by_driver(
     if kept is not None:
         fresh = pa.concat_tables([fresh, kept.cast(schema)])
     if fresh.num_rows:
-        fresh = fresh.sort_by(_spark_order(columns))
+        fresh = fresh.sort_by(spark_order(columns))
         _keep_written(stage_arrow(staged_uri, fresh), schema, fresh)
     crash_point("staged")
     return _Rewrite(collect_staged(table_uri, staged_uri), replaced)
@@ -675,7 +677,7 @@ def _each_copy(inserts: pa.Table, columns: Sequence[str], schema: pa.Schema) -> 
     return rows.take(copies)
 
 
-def _spark_order(columns: Sequence[str]) -> list[tuple[str, str, str]]:
+def spark_order(columns: Sequence[str]) -> list[tuple[str, str, str]]:
     """Arrow's sort keys for Spark's ascending order by ``columns`` (NULLs first)."""
     return [(c, "ascending", "at_start") for c in columns]
 
@@ -704,7 +706,7 @@ def _insert_by_driver(
         )
     rows = _each_copy(change, columns, schema)
     if columns:
-        rows = rows.sort_by(_spark_order(columns))
+        rows = rows.sort_by(spark_order(columns))
     staged_uri = staging_uri(table_uri, epoch, "rows")
     for start in range(0, rows.num_rows, ROWS_PER_FILE):
         stage_arrow(staged_uri, rows.slice(start, ROWS_PER_FILE))
@@ -715,7 +717,7 @@ def _insert_by_driver(
             f"view {label!r} epoch {epoch}: staged {staged.rows} rows, expected {rows.num_rows}"
         )
     description = f"ivm view {label}: its current rows"
-    commit = _commit_staged(staged, table_uri, app_id, epoch, schema, metadata, description)
+    commit = commit_staged(staged, table_uri, app_id, epoch, schema, metadata, description)
     return TableChange(commit, rows.num_rows, 0, 0, 0)
 
 

@@ -10,7 +10,9 @@ where it is, or by range-partitioning any other.
 from __future__ import annotations
 
 import random
+import shutil
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -30,6 +32,7 @@ from resources.lake import (
     key_ordered,
     local_path,
     open_table,
+    spark_compatible_schema,
     table_files,
 )
 from tests.lakegen import parquet_writers
@@ -307,6 +310,8 @@ def test_a_source_in_key_order_is_arranged_without_a_shuffle(
     sorted with disjoint ranges, as with the range-partitioned path the other source takes,
     and the join over both stays equal to DuckDB's through a change."""
     monkeypatch.setattr(arrange, "ROWS_PER_FILE", 100)  # the engine's "large source" floor
+    monkeypatch.setattr(arrange, "DRIVER_BUILD_ROWS", 0)  # Spark's build, not the driver's
+    monkeypatch.setattr(arrange, "DRIVER_SORT_ROWS", 0)
     rng = random.Random(5)
     ordered, scattered = str(tmp_path / "data" / "big"), str(tmp_path / "data" / "small")
     cdf = {"delta.enableChangeDataFeed": "true"}
@@ -449,3 +454,118 @@ def test_the_driver_reads_a_small_tables_rows_for_keys_null_equal_to_null(tmp_pa
     assert none is not None and none.num_rows == 0 and stats.files_opened == 0
     too_many, stats = arrange.lookup_rows(uri, schema, ["g", "n"], keys, 2, max_rows=10)
     assert too_many is None and stats.rows_in_opened_files == 24
+
+
+def _arrangement_rows(uri: str) -> tuple[pa.Schema, Counter, list[list]]:
+    """An arrangement's schema, its rows as a multiset, and each file's keys in file order."""
+    dt = DeltaTable(uri)
+    schema = pa.schema(dt.schema().to_arrow())
+    rows: Counter = Counter()
+    keys = []
+    for f in table_files(uri):
+        table = pq.read_table(local_path(f.uri))
+        rows.update(tuple(sorted(r.items())) for r in table.to_pylist())
+        keys.append(table.column("id").to_pylist())
+    return schema, rows, keys
+
+
+def test_the_driver_builds_an_arrangement_as_spark_does(
+    spark, make_project, tmp_path, monkeypatch
+) -> None:
+    """A source's snapshot is arranged by the driver, with no Spark job: the rows, types and
+    layout (sorted files of ``ROWS_PER_FILE`` rows, disjoint key ranges) are those Spark's
+    build writes, for a source laid out by the key (file by file) and one that is not (sorted
+    whole); a column's case in the files does not matter; the files written are in the
+    driver's cache as lookups read them; above the bounds Spark builds; the join stays equal
+    to DuckDB's through a change."""
+    from resources.spark import JobGroup
+
+    monkeypatch.setattr(arrange, "ROWS_PER_FILE", 300)
+    cdf = {"delta.enableChangeDataFeed": "true"}
+    ordered, scattered = str(tmp_path / "data" / "items"), str(tmp_path / "data" / "dims")
+    rng = random.Random(11)
+    for start in (0, 1_000, 2_000):  # three files in key order, rows shuffled in each
+        ids = list(range(start, start + 1_000))
+        rng.shuffle(ids)
+        write_deltalake(
+            ordered,
+            pa.table(
+                {
+                    "ID": pa.array(ids, pa.int64()),
+                    "Name": [None if i % 9 == 0 else f"n{i % 13}" for i in ids],
+                    "amount": pa.array(
+                        [Decimal(i * 7 % 1000) / 100 for i in ids], pa.decimal128(12, 2)
+                    ),
+                    "day": pa.array([i % 400 for i in ids], pa.int32()).cast(pa.date32()),
+                    "at": pa.array([i * 1_000_003 for i in ids], pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            mode="append",
+            configuration=cdf,
+        )
+    for seed in (1, 2):  # each file spans the whole key range
+        ids = random.Random(seed).sample(range(3_000), 700)
+        write_deltalake(
+            scattered,
+            pa.table({"id": ids, "w": [i % 5 for i in ids]}),
+            mode="append",
+            configuration=cdf,
+        )
+    view = (
+        "CREATE VIEW joined AS SELECT i.id, i.name, i.amount, i.day, i.at, d.w "
+        "FROM items i JOIN dims d ON d.id = i.id"
+    )
+    root = make_project({"joined": view}, {"items": ordered, "dims": scattered})
+    cache = FileCache(256 * 1024 * 1024)
+    monkeypatch.setattr(arrange, "FILES", cache)
+
+    def build() -> tuple[dict[str, str], dict[str, tuple], int]:
+        messages: list[str] = []
+        engine = Engine(root, spark=spark, progress=messages.append)
+        engine.mint_epoch()
+        group = JobGroup("probe", "arrange")
+        group.open(spark)
+        try:
+            for key in engine.plan.arrangements:  # in this thread's job group
+                engine._refresh_arrangement(key)
+        finally:
+            jobs = group.close(spark)
+        built = {m.split(":")[0]: m for m in messages if m.startswith("arrangement ")}
+        tables = {
+            k.name: _arrangement_rows(engine.arrangement_uri(k)) for k in engine.plan.arrangements
+        }
+        return built, tables, jobs
+
+    by_driver, driven, jobs = build()
+    assert jobs == 0, "the driver's build runs no Spark job"
+    assert set(by_driver) == {"arrangement items[id]", "arrangement dims[id]"}
+    assert all("by the driver" in m for m in by_driver.values()), by_driver
+    for name, rows in (("items__by__id", 3_000), ("dims__by__id", 1_400)):
+        uri = str(root / "lake" / "arrangements" / name)
+        _, found, keys = driven[name]
+        assert sum(found.values()) == rows
+        assert all(k == sorted(k) and len(k) <= 300 for k in keys), name
+        spans = sorted((k[0], k[-1]) for k in keys)
+        assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+        types = spark_compatible_schema(pa.schema(DeltaTable(uri).schema().to_arrow()))
+        assert all(cache.holds(local_path(f.uri), types) for f in table_files(uri)), name
+
+    monkeypatch.setattr(arrange, "DRIVER_BUILD_ROWS", 0)
+    monkeypatch.setattr(arrange, "DRIVER_SORT_ROWS", 0)
+    shutil.rmtree(root / "lake")
+    by_spark, sparked, jobs = build()
+    assert jobs > 0 and not any("by the driver" in m for m in by_spark.values()), by_spark
+    for name in driven:
+        assert driven[name][0] == sparked[name][0], f"{name}: the two builds' types differ"
+        assert driven[name][1] == sparked[name][1], f"{name}: the two builds' rows differ"
+
+    monkeypatch.undo()  # the driver's builds again, then a change through the join
+    monkeypatch.setattr(arrange, "FILES", FileCache(0))
+    shutil.rmtree(root / "lake")
+    engine = Engine(root, spark=spark, progress=lambda m: None)
+    assert engine.refresh().ok
+    DeltaTable(ordered).delete("ID % 7 = 0")
+    write_deltalake(scattered, pa.table({"id": [14, 2_999], "w": [3, 4]}), mode="append")
+    assert engine.refresh().ok
+    for c in compare_views(engine):
+        assert c.equal, c.describe()
