@@ -1263,10 +1263,18 @@ class Engine:
         """The view's state tables as the reduce operators see them (see ops.reduce);
         ``small``: the inputs' change is small, so are the state's (written by the driver
         unless a write's known size says otherwise)."""
-        from ops.arrange import LookupStats, lookup, lookup_rows, write_held_updates, write_updates
+        from ops.arrange import (
+            DRIVER_SORT_ROWS,
+            LookupStats,
+            lookup,
+            lookup_rows,
+            write_held_updates,
+            write_rows_sorted,
+            write_updates,
+        )
         from ops.buffer import DRIVER_STATE_ROWS
         from ops.reduce import StateStore
-        from ops.sink import DRIVER_CHANGE_ROWS
+        from ops.sink import DRIVER_CHANGE_ROWS, arrow_schema, collect_flat
         from resources.lake import spark_compatible_schema
 
         def committed(table, by_driver: bool, commit) -> int | None:
@@ -1285,10 +1293,8 @@ class Engine:
             return result.rows
 
         def write(table, updates, rows_hint: int | None = None) -> int | None:
-            return committed(
-                table,
-                False,
-                lambda uri, metadata: write_updates(
+            def by_spark(uri: str, metadata: dict[str, str]) -> CommitResult:
+                return write_updates(
                     updates,
                     uri,
                     table.key,
@@ -1298,8 +1304,30 @@ class Engine:
                     overwrite=done == 0 and open_table(uri) is not None,
                     rows_hint=rows_hint,
                     small=small and (rows_hint or 0) <= DRIVER_CHANGE_ROWS,
-                ),
-            )
+                )
+
+            def by_driver(uri: str, metadata: dict[str, str]) -> CommitResult:
+                # A build's state of known, moderate size: collected as Arrow, then sorted
+                # and written by the driver as Spark lays it out, without Spark's range
+                # partitioning (a sampling pass and a shuffle); by Spark if a type does not
+                # carry over.
+                rows = collect_flat(updates)
+                result = None
+                if rows is not None:
+                    result = write_rows_sorted(
+                        rows,
+                        uri,
+                        table.key,
+                        arrow_schema(updates),
+                        app_id=self.app_id(uri),
+                        epoch=target,
+                        metadata=metadata,
+                        overwrite=open_table(uri) is not None,
+                    )
+                return result or by_spark(uri, metadata)
+
+            driver = done == 0 and rows_hint is not None and rows_hint <= DRIVER_SORT_ROWS
+            return committed(table, driver, by_driver if driver else by_spark)
 
         def read(table, key, keys, as_of):
             uri = self.state_uri(plan.name, table.name)

@@ -227,26 +227,14 @@ def build_by_driver(
         return None
     staged_uri = staging_uri(uri, epoch, "updates")
     types = spark_compatible_schema(schema)
-    order = spark_order([*key, TIME])
-
-    def write(part: pa.Table) -> None:
-        path = stage_arrow(staged_uri, part, rows_per_page=PAGE_ROWS, page_bytes=PAGE_BYTES)
-        if path is not None:
-            FILES.put(path, types, part)
-
-    def lay_out(table: pa.Table) -> list[pa.Table]:
-        table = table.sort_by(order)
-        return [table.slice(at, ROWS_PER_FILE) for at in range(0, table.num_rows, ROWS_PER_FILE)]
 
     def one_file(f: DataFile) -> bool:
         table = _file_updates(local_path(f.uri), schema, epoch)
         if table is not None:
-            for part in lay_out(table):
-                write(part)
+            _stage_sorted(table, staged_uri, key, types)
         return table is not None
 
-    workers = max(1, min(len(files), os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers, thread_name_prefix="ivm-build") as pool:
+    with _writers(len(files)) as pool:
         if ordered is not None:  # what a failed file left staged, vacuum removes
             if not all(pool.map(one_file, ordered)):
                 return None
@@ -256,7 +244,71 @@ def build_by_driver(
             )
             if any(t is None for t in tables):
                 return None
-            list(pool.map(write, lay_out(pa.concat_tables(tables))))
+            _stage_sorted(pa.concat_tables(tables), staged_uri, key, types, pool)
+    return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
+
+
+def write_rows_sorted(
+    rows: pa.Table,
+    uri: str,
+    key: Sequence[str],
+    schema: pa.Schema,
+    *,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+    overwrite: bool = False,
+) -> CommitResult | None:
+    """:func:`write_updates` of updates the driver holds, laid out as Spark lays out a large
+    write: sorted by ``(key, _time)``, NULLs first, in files of :data:`ROWS_PER_FILE` rows
+    written on the driver's threads, each handed to the driver's cache. None, writing
+    nothing, when the rows do not cast to ``schema``."""
+    try:
+        rows = rows.select(schema.names).cast(schema)
+    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    staged_uri = staging_uri(uri, epoch, "updates")
+    with _writers(math.ceil(rows.num_rows / ROWS_PER_FILE)) as pool:
+        _stage_sorted(rows, staged_uri, key, spark_compatible_schema(schema), pool)
+    return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
+
+
+def _writers(tasks: int) -> ThreadPoolExecutor:
+    """Threads for the driver's Arrow reads and writes (they release the GIL)."""
+    return ThreadPoolExecutor(max(1, min(tasks, os.cpu_count() or 1)), "ivm-write")
+
+
+def _stage_sorted(
+    rows: pa.Table,
+    staged_uri: str,
+    key: Sequence[str],
+    types: pa.Schema,
+    pool: ThreadPoolExecutor | None = None,
+) -> None:
+    """Write ``rows`` sorted by ``(key, _time)`` (NULLs first, as Spark sorts) into
+    ``staged_uri`` in files of :data:`ROWS_PER_FILE` rows with the arrangements' page
+    settings (at once on ``pool``), and hand each to the driver's cache read as ``types``."""
+    rows = rows.sort_by(spark_order([*key, TIME]))
+    parts = [rows.slice(at, ROWS_PER_FILE) for at in range(0, rows.num_rows, ROWS_PER_FILE)]
+
+    def write(part: pa.Table) -> None:
+        path = stage_arrow(staged_uri, part, rows_per_page=PAGE_ROWS, page_bytes=PAGE_BYTES)
+        if path is not None:
+            FILES.put(path, types, part)
+
+    list(map(write, parts) if pool is None else pool.map(write, parts))
+
+
+def _commit_sorted(
+    uri: str,
+    staged_uri: str,
+    key: Sequence[str],
+    schema: pa.Schema,
+    app_id: str,
+    epoch: int,
+    metadata: Mapping[str, str],
+    overwrite: bool,
+) -> CommitResult:
     crash_point("staged")
     staged = collect_staged(uri, staged_uri)
     return commit_staged(staged, uri, app_id, epoch, schema, metadata, _description(key), overwrite)

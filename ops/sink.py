@@ -154,6 +154,14 @@ def exact_types(schema: T.StructType) -> bool:
     return all(isinstance(f.dataType, EXACT_TYPES) for f in schema.fields)
 
 
+def collect_flat(updates: DataFrame) -> pa.Table | None:
+    """All of ``updates`` as Arrow, or None if a column's type is not :data:`FLAT_TYPES`
+    (those the driver writes as Spark does). The caller knows there are not too many."""
+    if not all(isinstance(f.dataType, FLAT_TYPES) for f in updates.schema):
+        return None
+    return updates.toArrow()
+
+
 def _collect_small(updates: DataFrame) -> pa.Table | None:
     """At most :data:`DRIVER_CHANGE_ROWS` rows of ``updates``, collected in their order as one
     partition; None if there are more or a column's type is not :data:`FLAT_TYPES`."""

@@ -67,12 +67,15 @@ def check_all(engine: Engine) -> None:
         assert log == table_multiset(engine.read_view(c.view)), f"{c.view}: log != table"
 
 
-def built_random_lake(spark, make_project, tmp_path, views, seed) -> tuple[RandomLake, Engine]:
-    """A RandomLake with ``views`` over it, built at epoch 1 and checked against DuckDB."""
+def built_random_lake(
+    spark, make_project, tmp_path, views, seed, progress=None
+) -> tuple[RandomLake, Engine]:
+    """A RandomLake with ``views`` over it, built at epoch 1 and checked against DuckDB
+    (``progress``: the engine's progress messages)."""
     lake = RandomLake(tmp_path / "data", seed)
     lake.create()
     root = make_project(views, {"items": lake.items, "events": lake.events})
-    engine = Engine(root, spark=spark)
+    engine = Engine(root, spark=spark, progress=progress)
     report = engine.refresh()
     assert report.ok, [v.error for v in report.views]
     assert report.minted is not None and report.minted.epoch == 1

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+import ops.arrange
 import ops.buffer
 from ivm.engine import Engine
 from tests.lakegen import JoinLake
@@ -134,9 +135,15 @@ VIEWS = {
 
 @pytest.mark.parametrize("driver", [True, False], ids=["small state by the driver", "by Spark"])
 def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, monkeypatch):
-    if not driver:  # towers, buffers and sums of a small change: Spark's jobs alone
+    builds: list[str] = []
+    if not driver:  # towers, buffers, sums of a small change, builds: Spark's jobs alone
         monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
-    lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, 2025)
+        monkeypatch.setattr(ops.arrange, "DRIVER_SORT_ROWS", 0)
+        monkeypatch.setattr(ops.arrange, "DRIVER_BUILD_ROWS", 0)
+    lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, 2025, builds.append)
+    # A build's DISTINCT counts (their size known) sorted and written by the driver.
+    built_counts = [m for m in builds if ".distinct_" in m and "at epoch 1, written by" in m]
+    assert bool(built_counts) == driver, builds
     messages: list[str] = []
     engine.progress = messages.append
     for _ in range(3):
