@@ -1269,7 +1269,6 @@ class Engine:
             lookup,
             lookup_rows,
             write_held_updates,
-            write_rows_sorted,
             write_updates,
         )
         from ops.buffer import DRIVER_STATE_ROWS
@@ -1314,7 +1313,7 @@ class Engine:
                 rows = collect_flat(updates)
                 result = None
                 if rows is not None:
-                    result = write_rows_sorted(
+                    result = write_held_updates(
                         rows,
                         uri,
                         table.key,
@@ -1450,12 +1449,13 @@ class Engine:
         cols = [F.col(f"`{c}`") for c in aplan.columns]
         started = time.perf_counter()
         built = None  # by the driver, from a snapshot's files
-        since = int(info["ivm.since"]) if not rebuild else target
         if rebuild:
             readers = [self.table_epoch(self.layout.view_log(v)) for v in aplan.users]
             # Retyped columns: every reader is rebuilt from snapshots (see _input_types), so
             # none reads before ``target``, and older updates would have the old types.
             since = target if retyped else min([r for r in readers if r > 0] + [target])
+        else:
+            since = int(info["ivm.since"])
         metadata = {
             "ivm.arrangement": key.name,
             "ivm.columns": json.dumps(list(aplan.columns)),

@@ -39,13 +39,7 @@ from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_files
 from ops.rows import semi_join_null_safe
-from ops.sink import (
-    append_rows,
-    append_updates,
-    commit_staged,
-    exact_types,
-    spark_order,
-)
+from ops.sink import append_updates, commit_staged, exact_types, spark_order
 from resources.faults import crash_point
 from resources.filecache import FILES
 from resources.lake import (
@@ -150,38 +144,6 @@ def write_updates(
     )
 
 
-def write_held_updates(
-    rows: pa.Table,
-    uri: str,
-    key: Sequence[str],
-    schema: pa.Schema,
-    *,
-    app_id: str,
-    epoch: int,
-    metadata: Mapping[str, str],
-    overwrite: bool = False,
-) -> CommitResult | None:
-    """:func:`write_updates` of an epoch's change the driver holds (a change feed summed on
-    the arrangement's columns, ``(columns..., _time, _diff)``): sorted by ``(key, _time)``
-    there, NULLs first as Spark sorts, and written by it as one file: no Spark job. None,
-    writing nothing, when the rows do not cast to the arrangement's ``schema``. ``overwrite``:
-    they replace the table's contents (a rebuild), in one commit."""
-    try:
-        rows = rows.select(schema.names).cast(schema)
-    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    return append_rows(
-        rows.sort_by(spark_order([*key, TIME])),
-        uri,
-        app_id=app_id,
-        epoch=epoch,
-        metadata=metadata,
-        description=_description(key),
-        parquet_options=PARQUET_OPTIONS,
-        overwrite=overwrite,
-    )
-
-
 DRIVER_BUILD_ROWS = 24_000_000
 """A source's snapshot of at most this many rows, its files laid out by the key
 (:func:`resources.lake.key_ordered`), becomes an arrangement built by the driver, file by
@@ -248,7 +210,7 @@ def build_by_driver(
     return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
 
 
-def write_rows_sorted(
+def write_held_updates(
     rows: pa.Table,
     uri: str,
     key: Sequence[str],
@@ -259,18 +221,23 @@ def write_rows_sorted(
     metadata: Mapping[str, str],
     overwrite: bool = False,
 ) -> CommitResult | None:
-    """:func:`write_updates` of updates the driver holds, laid out as Spark lays out a large
-    write: sorted by ``(key, _time)``, NULLs first, in files of :data:`ROWS_PER_FILE` rows
-    written on the driver's threads, each handed to the driver's cache. None, writing
-    nothing, when the rows do not cast to ``schema``."""
+    """:func:`write_updates` of updates the driver holds (an epoch's change feed summed on
+    the arrangement's columns, a state table's rows, a build's counted state), with no Spark
+    job: ``(columns..., _time, _diff)`` sorted by ``(key, _time)``, NULLs first as Spark
+    sorts, in files of :data:`ROWS_PER_FILE` rows written at once on the driver's threads,
+    each handed to the driver's cache; the result's ``staged`` holds the rows as written.
+    None, writing nothing, when the rows do not cast to ``schema``. ``overwrite``: they
+    replace the table's contents (a rebuild), in one commit."""
     try:
         rows = rows.select(schema.names).cast(schema)
     except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     staged_uri = staging_uri(uri, epoch, "updates")
     with _writers(math.ceil(rows.num_rows / ROWS_PER_FILE)) as pool:
-        _stage_sorted(rows, staged_uri, key, spark_compatible_schema(schema), pool)
-    return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
+        rows = _stage_sorted(rows, staged_uri, key, spark_compatible_schema(schema), pool)
+    result = _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
+    result.staged = rows
+    return result
 
 
 def _writers(tasks: int) -> ThreadPoolExecutor:
@@ -284,10 +251,11 @@ def _stage_sorted(
     key: Sequence[str],
     types: pa.Schema,
     pool: ThreadPoolExecutor | None = None,
-) -> None:
+) -> pa.Table:
     """Write ``rows`` sorted by ``(key, _time)`` (NULLs first, as Spark sorts) into
     ``staged_uri`` in files of :data:`ROWS_PER_FILE` rows with the arrangements' page
-    settings (at once on ``pool``), and hand each to the driver's cache read as ``types``."""
+    settings (at once on ``pool``), hand each to the driver's cache read as ``types``, and
+    return them sorted."""
     rows = rows.sort_by(spark_order([*key, TIME]))
     parts = [rows.slice(at, ROWS_PER_FILE) for at in range(0, rows.num_rows, ROWS_PER_FILE)]
 
@@ -297,6 +265,7 @@ def _stage_sorted(
             FILES.put(path, types, part)
 
     list(map(write, parts) if pool is None else pool.map(write, parts))
+    return rows
 
 
 def _commit_sorted(

@@ -223,26 +223,6 @@ def append_updates(
     )
 
 
-def append_rows(
-    rows: pa.Table,
-    log_uri: str,
-    *,
-    app_id: str,
-    epoch: int,
-    metadata: Mapping[str, str],
-    description: str,
-    parquet_options: Mapping[str, object] | None = None,
-    overwrite: bool = False,
-) -> CommitResult:
-    """:func:`append_updates` of updates the driver holds, in the order given and with the
-    log's column types: it writes them as one file and commits it, with no Spark job."""
-    staged_uri = staging_uri(log_uri, epoch, "updates")
-    staged = _stage_rows(log_uri, staged_uri, rows, parquet_options or {})
-    return commit_staged(
-        staged, log_uri, app_id, epoch, rows.schema, metadata, description, overwrite
-    )
-
-
 def commit_staged(
     staged: StagedFiles,
     log_uri: str,
