@@ -25,6 +25,12 @@ from resources.lake import (
 )
 
 
+def _checkpoints(uri: str) -> list[int]:
+    return sorted(
+        int(p.name.split(".")[0]) for p in Path(uri, "_delta_log").glob("*.checkpoint.parquet")
+    )
+
+
 def _rows(uri: str) -> list[int]:
     return sorted(open_table(uri).to_pyarrow_table().column("a").to_pylist())
 
@@ -68,3 +74,24 @@ def test_epochs_and_commit_metadata_follow_the_newest_commit(tmp_path: Path) -> 
     for epoch in (1, 2):
         append_epoch(layout, EpochRecord(epoch, {"s": (epoch - 1, epoch)}, now_utc()))
         assert [e.epoch for e in read_epochs(layout)] == list(range(1, epoch + 1))
+
+
+def test_commits_report_their_version_and_checkpoint_every_ten(tmp_path: Path) -> None:
+    """Each commit reports the version it made (read from the commits after the writer's
+    handle, not a fresh open), and the tables the engine creates take a checkpoint every 10
+    commits, so opening one replays at most 10 JSON commits whatever the epochs behind it;
+    the epochs table too."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("a", pa.int64())])
+    for epoch in range(1, 13):
+        result = commit_files(uri, app_id="w", epoch=epoch, schema=schema)
+        assert result.committed and result.version == epoch - 1 == DeltaTable(uri).version()
+    assert commit_files(uri, app_id="w", epoch=12, schema=schema).version == 11  # done: no commit
+    conf = DeltaTable(uri).metadata().configuration
+    assert conf.get("delta.checkpointInterval") == "10", conf
+    assert _checkpoints(uri) == [9]  # after the 10th commit
+    layout = LakeLayout(str(tmp_path / "lake"))
+    for epoch in range(1, 12):
+        append_epoch(layout, EpochRecord(epoch, {"s": (epoch - 1, epoch)}, now_utc()))
+    assert _checkpoints(layout.epochs) == [9]
+    assert [r.epoch for r in read_epochs(layout)] == list(range(1, 12))
