@@ -794,7 +794,8 @@ TABLE_CONFIGURATION: Mapping[str, str] = {"delta.checkpointInterval": "10"}
 writers default to 100): opening a table replays the JSON commits after its last checkpoint,
 every view's log and table, arrangement and state table takes one commit per epoch, and a
 refresh opens each table a few times, so without it the refresh's cost grew with the epochs
-behind it. SF1's ``open_orders`` table after 46 epochs, no checkpoint: 14-24ms an open."""
+behind it. SF1's ``open_orders`` table after 46 epochs: 15.1ms an open without a checkpoint,
+6.4ms with one (medians of 15)."""
 
 
 def _version_after_commit(dt: DeltaTable | None) -> int:
