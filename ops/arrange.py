@@ -233,8 +233,12 @@ def write_held_updates(
     except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     staged_uri = staging_uri(uri, epoch, "updates")
-    with _writers(math.ceil(rows.num_rows / ROWS_PER_FILE)) as pool:
-        rows = _stage_sorted(rows, staged_uri, key, spark_compatible_schema(schema), pool)
+    types = spark_compatible_schema(schema)
+    if rows.num_rows <= ROWS_PER_FILE:  # an epoch's change: one file, no thread to start
+        rows = _stage_sorted(rows, staged_uri, key, types)
+    else:
+        with _writers(math.ceil(rows.num_rows / ROWS_PER_FILE)) as pool:
+            rows = _stage_sorted(rows, staged_uri, key, types, pool)
     result = _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
     result.staged = rows
     return result

@@ -26,9 +26,8 @@ def null_safe_matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) ->
     {'_row': [1, 2, 3], '_key': [0, 1, 0]}
     """
     positions = None
-    if (
-        rows.num_rows > PREFILTER_ROWS and keys.num_rows
-    ):  # the rows whose first column is among the keys' only
+    if rows.num_rows > PREFILTER_ROWS and keys.num_rows:
+        # the rows whose first column is among the keys' only
         first = keys.column(columns[0])
         hit = pc.is_in(rows.column(columns[0]), value_set=pc.unique(first), skip_nulls=True)
         if first.null_count:
