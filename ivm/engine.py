@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import pyarrow as pa
@@ -39,6 +39,7 @@ from ivm.errors import (
     ConfigError,
     InvariantViolation,
     IvmError,
+    NotOnDriver,
     SourceError,
     SqlError,
     UpstreamBroken,
@@ -122,6 +123,10 @@ class ViewResult:
     # Connect, whose server's UI lists them by the operation tag ``spark_job_group``)
     spark_jobs: int | None = 0
     spark_job_group: str | None = None  # their job group in the Spark UI (None: no Spark)
+    # Who computed its updates: "spark"; "driver" (a small change evaluated in Arrow,
+    # ops.local); "mixed": the driver computed the joins, Spark the reductions above them;
+    # "nothing": no input changed what it reads
+    computed_by: str = "spark"
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata (for Dagster and JSON output)."""
@@ -135,6 +140,7 @@ class ViewResult:
             "status": self.status,
             **({"reason": self.reason} if self.reason else {}),
             "inputs_changed": self.inputs_changed,
+            "computed_by": self.computed_by,
             "files_rewritten": self.files_rewritten,
             "table_rows_rewritten": self.rows_rewritten,
             "log_files_read": self.log_files_read,
@@ -885,10 +891,22 @@ class Engine:
                 updates = None
                 result.status = "refreshed"
                 result.inputs_changed = False
+                result.computed_by = "nothing"
             else:
                 lookups: dict = {}
                 small = self.small_change(plan.inputs, log_done, target)
-                updates = self._view_updates(plan, log_done, target, lookups, unchanged, small)
+                updates = None
+                if small:
+                    updates = self._updates_on_driver(plan, log_done, target, lookups, unchanged)
+                if updates is not None:
+                    result.computed_by = "driver"
+                else:
+                    by_driver: list[str] = []
+                    updates = self._view_updates(
+                        plan, log_done, target, lookups, unchanged, small, by_driver
+                    )
+                    if by_driver:
+                        result.computed_by = "mixed"
                 result.lookups = lookups
                 result.status = "built" if log_done == 0 else "refreshed"
             if overwrite or log_done == 0:
@@ -1003,6 +1021,11 @@ class Engine:
             if not log_files_between(self.layout.view_log(v), done, target)
         )
         return frozenset(out)
+
+    def _input_columns(self, plan: ViewPlan, coll: str) -> tuple[str, ...] | None:
+        """The columns a view reads of an input: a source's (:meth:`_columns_read`); a view's
+        updates come with every column (None)."""
+        return self._columns_read(plan, coll) if coll in plan.source_inputs else None
 
     def _columns_read(self, plan: ViewPlan, source: str) -> tuple[str, ...]:
         """The source's columns a view reads (after demand analysis), and those its contract's
@@ -1205,11 +1228,14 @@ class Engine:
         stats=None,
         unchanged: frozenset[str] = frozenset(),
         small: bool = False,
+        by_driver: list[str] | None = None,
     ):
         """The view's updates in ``(done, target]``, consolidated per (data, time) unless
         computed from scratch. Joins skip the delta paths of the ``unchanged`` inputs (see
         :meth:`_unchanged_inputs`); ``small``: the inputs' change is (:meth:`small_change`),
-        so the state's is too.
+        so the state's is too, and the driver computes the inner joins under the view's
+        reductions where it can (:meth:`_join_handed_to_spark`; each one marked in
+        ``by_driver``).
 
         From scratch (``done`` = 0) joins are computed from the inputs' snapshots; otherwise
         by delta paths whose lookups read the shared arrangements (refreshed first). From
@@ -1217,8 +1243,6 @@ class Engine:
         summed: summing them would only merge duplicates, at the price of shuffling the whole
         view (readers sum what they read; see :meth:`_net_change`).
         """
-        from functools import partial
-
         from ops.consolidate import consolidate
         from ops.join import render_join_delta
         from ops.reduce import render_stateful
@@ -1249,9 +1273,178 @@ class Engine:
                 snapshot=lambda coll, at: self._collection_updates(coll, 0, at),
                 unchanged=unchanged,
             )
+            if small and plan.has_state and self._driver_computes():
+                delta_join = self._join_handed_to_spark(
+                    plan, done, target, stats, unchanged, delta_join, by_driver
+                )
         stateful = partial(render_stateful, store=store)
         updates = render(plan.root, inputs, delta_join, stateful)
         return updates if done == 0 else consolidate(updates, plan.columns)
+
+    @staticmethod
+    def _driver_computes() -> bool:
+        """Whether the driver computes small changes (:mod:`ops.local`): with its writes on
+        (:data:`ops.sink.DRIVER_WRITE`) and :data:`ops.local.DRIVER_VIEWS`."""
+        import ops.local
+        import ops.sink
+
+        return ops.sink.DRIVER_WRITE and ops.local.DRIVER_VIEWS
+
+    def _updates_on_driver(
+        self,
+        plan: ViewPlan,
+        done: int,
+        target: int,
+        stats: dict | None = None,
+        unchanged: frozenset[str] = frozenset(),
+    ) -> pa.Table | None:
+        """A view's updates in ``(done, target]`` computed by the driver in Arrow
+        (:mod:`ops.local`), consolidated per (data, time) and laid out as its log's rows; None
+        when Spark computes them: the plan keeps state or has an outer or semi-join, an
+        input's change or a lookup's rows are not held by the driver, or an expression is not
+        one the driver evaluates exactly as Spark. Joins run the delta paths of the inputs
+        not ``unchanged`` (:meth:`_unchanged_inputs`), their lookups read by the driver
+        (``stats``: per arrangement, as :meth:`_view_updates`).
+
+        The caller has checked that the inputs' change is small (:meth:`small_change`)."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from ops import TIME
+        from ops.ingest import consolidated_on
+        from ops.local import on_driver, render_local
+        from ops.sink import exact_types, same_columns
+
+        if not (self._driver_computes() and on_driver(plan.root)):
+            return None
+        for arrangement in self.plan.arrangements_of(plan.name):
+            self.refresh_arrangement(arrangement.key)
+        join = self._driver_join(done, target, stats if stats is not None else {}, unchanged)
+        try:
+            inputs = {
+                coll: self._arrow_updates(coll, done, target, self._input_columns(plan, coll))
+                for coll in plan.inputs
+            }
+            crash_point("ingest")
+            updates = render_local(self.spark, plan.root, inputs, join)
+            if not exact_types(from_arrow_schema(updates.schema)):
+                raise NotOnDriver("floating-point columns are summed by Spark")
+        except NotOnDriver as why:
+            self.progress(f"{plan.name}: computed by Spark ({why})")
+            return None
+        summed = consolidated_on(updates, [*plan.columns, TIME])
+        log_schema = self.table_schema(self.layout.view_log(plan.name))
+        if summed is None or not same_columns(summed.schema, log_schema):
+            return None
+        return summed.cast(log_schema)
+
+    def _driver_join(
+        self, done: int, target: int, stats: dict, unchanged: frozenset[str]
+    ) -> Callable[[Any, Mapping[str, pa.Table]], pa.Table]:
+        """How the driver renders an inner join's updates in ``(done, target]`` from its
+        inputs' Arrow updates (:func:`ops.local.join_delta_local`), its lookups read by the
+        driver; raises NotOnDriver when it cannot."""
+        from ops.local import join_delta_local
+
+        def lookup(stage, keys: pa.Table, as_of: int, columns) -> pa.Table:
+            rows = self._lookup_arrow(stage, keys, as_of, columns=columns, stats=stats)
+            if rows is None:
+                raise NotOnDriver(f"{stage.arrangement}'s lookup is Spark's")
+            return rows
+
+        return partial(
+            join_delta_local, self.spark, lookup=lookup, old=done, new=target, unchanged=unchanged
+        )
+
+    def _join_handed_to_spark(
+        self,
+        plan: ViewPlan,
+        done: int,
+        target: int,
+        stats: dict,
+        unchanged: frozenset[str],
+        by_spark: Callable,
+        by_driver: list[str] | None = None,
+    ) -> Callable:
+        """A join renderer for Spark's plan (:func:`ops.stateless.render`) of a small change:
+        an inner join's updates computed by the driver (:meth:`_driver_join`) and handed to
+        Spark as a local relation, for the reduction above it (each one marked in
+        ``by_driver``); ``by_spark`` renders the joins the driver cannot."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from ops.local import on_driver
+
+        local = self._driver_join(done, target, stats, unchanged)
+
+        def render_join(node, deltas):
+            if on_driver(node):
+                try:
+                    colls = {inp.get.collection for inp in node.inputs}
+                    inputs = {
+                        c: self._arrow_updates(c, done, target, self._input_columns(plan, c))
+                        for c in colls
+                    }
+                    table = local(node, inputs)
+                    if by_driver is not None:
+                        by_driver.append("join")
+                    return self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+                except NotOnDriver as why:
+                    self.progress(f"{plan.name}: a join computed by Spark ({why})")
+            return by_spark(node, deltas)
+
+        return render_join
+
+    def _arrow_updates(
+        self, coll: str, done: int, target: int, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """A collection's updates in ``(done, target]`` as Arrow ``(columns..., _time,
+        _diff)``, from what the driver holds or reads: a source's change feeds summed on
+        ``columns`` (and the columns its contract checks), or its appended files' rows, the
+        rows breaking its contract left out; a view's diff log read from its files (every
+        column, or ``columns``). Raises NotOnDriver when the driver does not hold them."""
+        import numpy as np
+
+        from ops import DIFF, TIME
+        from ops.ingest import source_change_arrow, view_changes_arrow
+        from ops.local import Evaluator
+        from resources.lake import spark_compatible
+
+        if coll in self.plan.views:
+            log_uri = self.layout.view_log(coll)
+            table = view_changes_arrow(log_uri, self.table_schema(log_uri), done, target)
+            if table is None:
+                raise NotOnDriver(f"view {coll!r}'s change is too large to hold")
+            return table if columns is None else table.select([*columns, TIME, DIFF])
+        if columns is None:
+            raise InvariantViolation(f"source {coll!r}: the columns to read are needed")
+        read = list(self._checked_columns(coll, columns))
+        epochs = self._epoch_map()
+        source = self.sources[coll]
+        parts = []
+        for e in range(done + 1, target + 1):
+            rng = epochs[e].ranges.get(coll) if e in epochs else None
+            if rng is None or rng[0] is None:
+                raise NotOnDriver(f"source {coll!r} is read whole at epoch {e}")
+            if rng[0] == rng[1]:
+                continue  # the source kept its version
+            net = source_change_arrow(self.spark, source, rng[0], rng[1], e, read)
+            if net is None:
+                raise NotOnDriver(f"source {coll!r}'s change is not held by the driver")
+            times = pa.array(np.full(net.num_rows, e, dtype=np.int64))
+            net = spark_compatible(net).select([*read, DIFF])
+            parts.append(net.add_column(len(read), TIME, times))
+        if parts:
+            table = pa.concat_tables(parts)
+        else:
+            schema = source.arrow_schema(epochs[target].ranges[coll][1])
+            fields = {f.name.lower(): f.type for f in schema}
+            table = pa.schema(
+                [*(pa.field(c, fields[c]) for c in read), (TIME, pa.int64()), (DIFF, pa.int64())]
+            ).empty_table()
+        contract = self._contract(coll)
+        check = None if contract is None else contract.predicate()
+        if check is not None and table.num_rows:
+            table = table.filter(Evaluator(self.spark, table, [check]).mask(check))
+        return table.select([*columns, TIME, DIFF])
 
     def state_uri(self, view: str, table: str) -> str:
         """Where a view's state table lives: ``state/<view>/<table>``."""
@@ -1556,35 +1749,22 @@ class Engine:
         )
 
     def _held_changes(
-        self, source: str, done: int, target: int, columns: Sequence[str]
+        self, coll: str, done: int, target: int, columns: Sequence[str]
     ) -> pa.Table | None:
-        """A source's updates in ``(done, target]`` summed on ``columns`` (``(columns...,
-        _time, _diff)``) when the driver holds them all, at most
-        :data:`~ops.sink.DRIVER_CHANGE_ROWS`: every range a change feed kept there, and no
-        contract row check (which Spark evaluates). None otherwise."""
-        from ops import DIFF, TIME
-        from ops.ingest import source_change_net
+        """A collection's updates in ``(done, target]`` summed on ``columns`` (``(columns...,
+        _time, _diff)``) when the driver holds them all (:meth:`_arrow_updates`), at most
+        :data:`~ops.sink.DRIVER_CHANGE_ROWS`. None otherwise."""
+        from ops import TIME
+        from ops.ingest import consolidated_on
         from ops.sink import DRIVER_CHANGE_ROWS
 
-        if source not in self.sources or self.contract_predicate(source) is not None:
+        if self.change_rows(coll, done, target) > DRIVER_CHANGE_ROWS:
             return None
-        epochs = self._epoch_map()
-        parts = []
-        for e in range(done + 1, target + 1):
-            rng = epochs[e].ranges.get(source) if e in epochs else None
-            if rng is None or rng[0] is None:
-                return None
-            if rng[0] == rng[1]:
-                continue  # the source kept its version
-            net = source_change_net(self.spark, self.sources[source], rng[0], rng[1], e, columns)
-            if net is None:
-                return None
-            parts.append(net.append_column(TIME, pa.array([e] * net.num_rows, pa.int64())))
-        if sum(p.num_rows for p in parts) > DRIVER_CHANGE_ROWS:
+        try:
+            rows = self._arrow_updates(coll, done, target, columns)
+        except NotOnDriver:
             return None
-        if not parts:
-            return pa.table({c: pa.array([], pa.null()) for c in [*columns, TIME, DIFF]})
-        return pa.concat_tables(parts, promote_options="permissive")
+        return consolidated_on(rows, [*columns, TIME])
 
     def _snapshot_in_order(self, source: str, epoch: int, column: str):
         """A large source's snapshot at ``epoch`` read so that each Spark partition holds its
@@ -1647,13 +1827,7 @@ class Engine:
         from ops.arrange import LookupStats, lookup
 
         uri = self.arrangement_uri(stage.arrangement)
-        info = last_commit_metadata(uri, "ivm.since")
-        since = int(info["ivm.since"]) if info else 0
-        if as_of < since:
-            raise InvariantViolation(
-                f"arrangement {stage.arrangement} holds updates since epoch {since}; a lookup "
-                f"at epoch {as_of} cannot be answered"
-            )
+        self._check_since(uri, stage.arrangement, as_of)
         df, st = lookup(
             self.spark,
             uri,
@@ -1666,6 +1840,34 @@ class Engine:
         )
         stats.setdefault(str(stage.arrangement), LookupStats()).add(st)
         return df
+
+    def _lookup_arrow(
+        self, stage, keys: pa.Table, as_of: int, *, stats: dict, columns: Iterable[str]
+    ) -> pa.Table | None:
+        """:meth:`_lookup` answered by the driver in Arrow (:func:`ops.arrange.lookup_arrow`),
+        or None when Spark should read it."""
+        from ops.arrange import LookupStats, lookup_arrow
+
+        uri = self.arrangement_uri(stage.arrangement)
+        self._check_since(uri, stage.arrangement, as_of)
+        return lookup_arrow(
+            uri,
+            self.table_schema(uri),
+            stage.arrangement.key,
+            keys,
+            as_of,
+            columns=set(columns),
+            stats=stats.setdefault(str(stage.arrangement), LookupStats()),
+        )
+
+    def _check_since(self, uri: str, arrangement: ArrangementKey, as_of: int) -> None:
+        info = last_commit_metadata(uri, "ivm.since")
+        since = int(info["ivm.since"]) if info else 0
+        if as_of < since:
+            raise InvariantViolation(
+                f"arrangement {arrangement} holds updates since epoch {since}; a lookup "
+                f"at epoch {as_of} cannot be answered"
+            )
 
     def _net_change(self, plan: ViewPlan, table_done: int, target: int, log_start: int):
         """The net change ``(columns..., _diff)`` the readable table needs, from the log, and

@@ -100,6 +100,12 @@ class InvariantViolation(IvmError):
     """An internal invariant failed (e.g. a multiplicity would become negative). A bug: report it."""
 
 
+class NotOnDriver(IvmError):
+    """The driver cannot compute this part of a plan exactly as Spark would (an expression it
+    does not evaluate, floating point, a decimal past 38 digits, an overflow); Spark computes
+    it instead. Internal: the engine catches it, it never reaches a user."""
+
+
 class ViewNotFoundError(IvmError, KeyError):
     """A view name given on the command line or to the API does not exist in the project."""
 

@@ -30,14 +30,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
-from ops.ingest import read_files
+from ops.ingest import read_file_rows, read_files
 from ops.rows import semi_join_null_safe
 from ops.sink import append_updates, commit_staged, exact_types, spark_order
 from resources.faults import crash_point
@@ -288,15 +287,12 @@ def _commit_sorted(
 
 
 def _file_updates(path: str, schema: pa.Schema, epoch: int) -> pa.Table | None:
-    """A source data file's rows as ``+1`` updates at ``epoch``: ``schema``'s columns, found
-    in the file by name regardless of case (as Spark's reader finds them), cast to its
-    types; None when the file lacks one (or has two of that name), or a value does not cast."""
+    """A source data file's rows as ``+1`` updates at ``epoch``: ``schema``'s columns as
+    :func:`ops.ingest.read_file_rows` reads them; None when it cannot."""
     data = [c for c in schema.names if c not in (TIME, DIFF)]
-    found = pq.ParquetFile(path)
-    names = {n.lower(): n for n in found.schema_arrow.names}
-    if len(names) < len(found.schema_arrow.names) or any(c.lower() not in names for c in data):
+    table = read_file_rows(path, schema_of(schema, data))
+    if table is None:
         return None
-    table = found.read(columns=[names[c.lower()] for c in data]).rename_columns(data)
     n = table.num_rows
     table = table.append_column(TIME, pa.array(np.full(n, epoch, np.int64)))
     table = table.append_column(DIFF, pa.array(np.ones(n, np.int64)))
@@ -631,6 +627,48 @@ def lookup_rows(
     parts = list(_probed(opened, schema, wanted, as_of, stats))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     return semi_join_null_safe(rows, wanted, key), stats
+
+
+def lookup_arrow(
+    uri: str,
+    schema: pa.Schema,
+    key: Sequence[str],
+    keys: pa.Table,
+    as_of: int,
+    *,
+    columns: Collection[str] | None = None,
+    stats: LookupStats | None = None,
+) -> pa.Table | None:
+    """:func:`lookup` answered by the driver, for a join computed there (:mod:`ops.local`):
+    the arrangement's state at ``as_of`` for the keys in ``keys`` (NULL keys match nothing),
+    only the key and ``columns``, summed: ``(data..., _diff)``, no zero sums. The files are
+    chosen by their ``_time`` and first key column's ranges and probed as the read-once
+    lookup probes them (:func:`_read_once_by_driver`: in the driver's cache, or their
+    matching row groups). None when Spark should read them: more than
+    :data:`DRIVER_LOOKUP_ROWS` rows match the first key column, or a column is not of an
+    exact type."""
+    keep = None if columns is None else {*columns, *key}
+    data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
+    types = spark_compatible_schema(schema)
+    files = _table_files(uri, key[0])
+    live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
+    st = LookupStats(lookups=1, files_total=len(files))
+    st.rows_total = sum(f.file.num_records or 0 for f in files)
+    try:
+        found = distinct_rows(keys.select(list(key)).drop_null().cast(schema_of(types, key)))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    st.keys = found.num_rows
+    first = sorted(v for v in pc.unique(found.column(key[0])).to_pylist() if v is not None)
+    chosen = [f.file for f in live if first and _may_hold(f, key[0], first)]
+    st.files_opened = len(chosen)
+    st.rows_in_opened_files = sum(f.num_records or 0 for f in chosen)
+    read = _read_once_by_driver(chosen, schema, key, found, as_of, data, st)
+    if read is None or not read[1]:
+        return None
+    if stats is not None:
+        stats.add(st)
+    return read[0]
 
 
 def schema_of(schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:

@@ -82,6 +82,24 @@ def read_files(
     return reduce(DataFrame.unionByName, parts)
 
 
+def read_file_rows(path: str, schema: pa.Schema) -> pa.Table | None:
+    """A local data file's ``schema`` columns as Spark's read with that schema gives them:
+    found by name regardless of case (Spark's default), cast to ``schema``'s types. None when
+    the file lacks one (Spark would read NULLs) or holds two of that name, or a value does not
+    cast: Spark reads it."""
+    found = pq.ParquetFile(path)
+    names = {n.lower(): n for n in found.schema_arrow.names}
+    if len(names) < len(found.schema_arrow.names) or any(
+        c.lower() not in names for c in schema.names
+    ):
+        return None
+    table = found.read(columns=[names[c.lower()] for c in schema.names])
+    try:
+        return table.rename_columns(schema.names).cast(schema)
+    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def _lower_names(df: DataFrame) -> DataFrame:
     return df.select(*[F.col(f"`{c}`").alias(c.lower()) for c in df.columns])
 
@@ -154,6 +172,9 @@ class _Changes:
     df: DataFrame | None = None
     feed: pa.Table | None = None
     project: Callable[[pa.Table], DataFrame] | None = None
+    # Appended files (a range that only added them): the files, the table's Arrow schema,
+    # its partition columns; the driver may read them (:meth:`rows_on`).
+    appended: tuple[Sequence[DataFile], pa.Schema, Sequence[str]] | None = None
     _net: dict[tuple[str, ...], pa.Table | None] = field(default_factory=dict)
     _projected: dict[tuple[str, ...], DataFrame] = field(default_factory=dict)
 
@@ -184,6 +205,42 @@ class _Changes:
         if key not in self._net:
             self._net[key] = consolidated_on(self.feed, key)
         return self._net[key]
+
+    def rows_on(self, columns: Sequence[str]) -> pa.Table | None:
+        """The updates on ``columns`` as Arrow ``(columns..., _diff)`` (in the table's column
+        order), held by the driver: the change feed summed on them (:meth:`net_on`), or the
+        appended files' rows, each ``+1``, read by the driver (local files, no partition
+        column among ``columns``). None when the driver does not hold or read them."""
+        if self.feed is not None:
+            return self.net_on(columns)
+        if self.appended is None:
+            return None
+        key = ("appended", *sorted(columns))
+        if key not in self._net:
+            self._net[key] = self._read_appended(columns)
+        return self._net[key]
+
+    def _read_appended(self, columns: Sequence[str]) -> pa.Table | None:
+        assert self.appended is not None
+        files, schema, partitions = self.appended
+        wanted = set(columns)
+        fields = [pa.field(f.name.lower(), f.type) for f in schema if f.name.lower() in wanted]
+        if len(fields) != len(wanted) or wanted & {p.lower() for p in partitions}:
+            return None
+        if any("://" in f.uri and not f.uri.startswith("file://") for f in files):
+            return None
+        parts = []
+        for f in files:
+            rows = read_file_rows(local_path(f.uri), pa.schema(fields))
+            if rows is None:
+                return None
+            count_driver_read(f.uri, rows.num_rows)
+            parts.append(
+                rows.append_column(DIFF, pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows))
+            )
+        if not parts:
+            return pa.schema([*fields, pa.field(DIFF, pa.int64())]).empty_table()
+        return pa.concat_tables(parts)
 
     def cancels_on(self, columns: Sequence[str]) -> bool:
         """Whether these updates sum to nothing once projected on ``columns``: every update
@@ -267,6 +324,7 @@ def source_changes(
                     DIFF, F.lit(1).cast("bigint")
                 )
             ),
+            appended=(added, schema, partitions),
         )
     changes = source.changes(lower, upper).drop_columns(["_commit_version"])
     if changes.nbytes > KEEP_FEED_BYTES:
@@ -362,6 +420,22 @@ def source_change_net(
         return _changes_memo(spark, source, lower, upper, epoch).net_on(columns)
 
 
+def source_change_arrow(
+    spark: SparkSession,
+    source: SourceTable,
+    lower: int,
+    upper: int,
+    epoch: int,
+    columns: Sequence[str],
+) -> pa.Table | None:
+    """The updates :func:`source_changes_once` gives for a non-empty range on ``columns``, as
+    Arrow on the driver (``(columns..., _diff)``, all at ``epoch``): the change feed summed on
+    them, or the appended files' rows (:meth:`_Changes.rows_on`); None when the driver does
+    not hold them."""
+    with _MEMO_LOCK:
+        return _changes_memo(spark, source, lower, upper, epoch).rows_on(columns)
+
+
 def _changes_memo(
     spark: SparkSession, source: SourceTable, lower: int | None, upper: int, epoch: int
 ) -> _Changes:
@@ -425,11 +499,14 @@ def view_changes_by_driver(
     lo: int,
     hi: int,
     max_bytes: int | None = None,
+    *,
+    times: bool = False,
 ) -> pa.Table | None:
     """:func:`view_changes` read by the driver (Arrow, no Spark job): ``(columns..., _diff)``
     of the updates in ``files`` with ``lo < _time <= hi``, as the log stores them (equal rows
-    not summed). Every row of the files is decoded (``count_driver_read``). None, once the
-    rows read hold more than ``max_bytes`` in memory: the reading stops there."""
+    not summed; ``times``: with ``_time`` before ``_diff``). Every row of the files is decoded
+    (``count_driver_read``). None, once the rows read hold more than ``max_bytes`` in memory:
+    the reading stops there."""
     parts = []
     held = 0
     for fs in files:
@@ -437,13 +514,26 @@ def view_changes_by_driver(
         count_driver_read(fs.file.uri, rows.num_rows)
         times = rows.column(TIME)
         inside = pc.and_(pc.greater(times, lo), pc.less_equal(times, hi))
-        parts.append(rows.filter(inside).select([*columns, DIFF]))
+        parts.append(rows.filter(inside).select([*columns, *([TIME] if times else []), DIFF]))
         held += parts[-1].nbytes
         if max_bytes is not None and held > max_bytes:
             return None
     if not parts:
         raise InvariantViolation("view_changes_by_driver: no log file to read")
     return pa.concat_tables(parts, promote_options="permissive")
+
+
+def view_changes_arrow(
+    log_uri: str, schema: pa.Schema, lo: int, hi: int, max_bytes: int = KEEP_FEED_BYTES
+) -> pa.Table | None:
+    """A view's updates with ``lo < _time <= hi`` read from its diff log (of ``schema``) by
+    the driver, as the log stores them: ``(columns..., _time, _diff)``; None once they hold
+    more than ``max_bytes``."""
+    columns = [n for n in schema.names if n not in (TIME, DIFF)]
+    files = _log_stats_between(log_uri, lo, hi)
+    if not files:
+        return schema.empty_table()
+    return view_changes_by_driver(files, columns, lo, hi, max_bytes, times=True)
 
 
 def view_state(

@@ -196,7 +196,7 @@ def _stage_rows(
 
 
 def append_updates(
-    updates: DataFrame,
+    updates: DataFrame | pa.Table,
     log_uri: str,
     *,
     app_id: str,
@@ -208,7 +208,8 @@ def append_updates(
     small: bool = False,
 ) -> CommitResult:
     """Write updates (consolidated, or a snapshot's) as new files of an update log and commit
-    them once (``small``: see :func:`stage_updates`).
+    them once (``small``: see :func:`stage_updates`). Updates the driver computed (an Arrow
+    table, laid out as the log's rows) are written by the driver.
 
     Used for views' diff logs and for arrangements (which pass their sort order and Parquet
     page settings). ``overwrite`` replaces the log's whole history (and schema) by these
@@ -217,10 +218,14 @@ def append_updates(
     The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
-    staged = stage_updates(updates, log_uri, epoch, "updates", parquet_options, small=small)
-    return commit_staged(
-        staged, log_uri, app_id, epoch, arrow_schema(updates), metadata, description, overwrite
-    )
+    if isinstance(updates, pa.Table):  # computed by the driver (ops.local)
+        staged_uri = staging_uri(log_uri, epoch, "updates")
+        staged = _stage_rows(log_uri, staged_uri, updates, parquet_options or {})
+        schema = updates.schema
+    else:
+        staged = stage_updates(updates, log_uri, epoch, "updates", parquet_options, small=small)
+        schema = arrow_schema(updates)
+    return commit_staged(staged, log_uri, app_id, epoch, schema, metadata, description, overwrite)
 
 
 def commit_staged(

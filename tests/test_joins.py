@@ -94,9 +94,18 @@ def check(engine: Engine) -> None:
         assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
 
 
+INNER = {"order_lines", "cust_order_lines", "same_customer", "line_pairs", "open_by_seg"}
+"""The views whose small changes the driver computes (inner joins: ops.local); the outer and
+semi-joins are Spark's."""
+
+
 @pytest.mark.spark
-def test_delta_joins_match_duckdb(spark, make_project, tmp_path):
-    lake = JoinLake(tmp_path / "data", seed=11)
+@pytest.mark.parametrize("driver", [True, False], ids=["inner joins by the driver", "by Spark"])
+def test_delta_joins_match_duckdb(spark, make_project, tmp_path, monkeypatch, driver):
+    import ops.local
+
+    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
+    lake = JoinLake(tmp_path / "data", seed=11 if driver else 12)
     root = make_project(VIEWS, lake.create())
     engine = Engine(root, spark=spark)
     assert engine.refresh().ok
@@ -105,6 +114,8 @@ def test_delta_joins_match_duckdb(spark, make_project, tmp_path):
         lake.random_batch()
         report = Engine(root, spark=spark).refresh()
         assert report.ok, [v.error for v in report.views]
+        by_driver = {v.view for v in report.views if v.computed_by == "driver"}
+        assert by_driver == (INNER if driver else set()), by_driver
         check(engine)
     # Lookups happened through arrangements, reading only some keys.
     report_views = {v.view: v for v in report.views}

@@ -349,7 +349,10 @@ def test_views_whose_inputs_did_not_change_only_move_their_epoch(
         "other_groups": False,
     }
     jobs = {v.view: v.spark_jobs for v in report.views}
-    assert jobs["other_rows"] == jobs["other_groups"] == 0 < jobs["big"], jobs  # no Spark job
+    assert jobs["other_rows"] == jobs["other_groups"] == 0, jobs  # no Spark job
+    computed = {v.view: v.computed_by for v in report.views}
+    assert computed["other_rows"] == computed["other_groups"] == "nothing", computed
+    assert computed["big"] == "driver" and computed["both"] == "driver", computed
     for view in ("other_rows", "other_groups"):  # the epoch moved; no file was written
         assert engine.table_epoch(engine.layout.view_log(view)) == 2
         assert engine.table_epoch(engine.layout.view_table(view)) == 2
@@ -705,9 +708,13 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
         assert set(sc.statusTracker().getJobIdsForGroup()) <= ungrouped, "a job ran ungrouped"
         assert sum(v.spark_jobs for v in report.views) == ran
         for v in report.views:
-            assert v.spark_jobs > 0 and v.view in v.spark_job_group, v
-            assert len(sc.statusTracker().getJobIdsForGroup(v.spark_job_group)) == v.spark_jobs
+            if v.spark_jobs:
+                assert v.view in v.spark_job_group, v
+                assert len(sc.statusTracker().getJobIdsForGroup(v.spark_job_group)) == v.spark_jobs
+            else:  # only a refresh the driver computed (ops.local) runs no Spark job
+                assert v.computed_by == "driver", v
             assert v.metadata()["spark_jobs"] == v.spark_jobs
+        assert {v.view for v in report.views if v.computed_by == "spark"} >= {"sums"}
         counts.append({v.view: v.spark_jobs for v in report.views})
         assert_correct(engine)
     assert counts[0] == counts[1]

@@ -187,7 +187,11 @@ JOIN_VIEWS = {
 }
 
 
-def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path):
+@pytest.mark.parametrize("driver", [True, False], ids=["joins by the driver", "by Spark"])
+def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, monkeypatch, driver):
+    import ops.local
+
+    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
     lake = JoinLake(tmp_path / "data", 5)
     root = make_project(JOIN_VIEWS, lake.create())
     messages: list[str] = []
@@ -198,6 +202,9 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path):
         lake.random_batch()
         report = engine.refresh()
         assert report.ok, [v.error for v in report.views]
+        # The joins under the reductions are the driver's (ops.local), handed to Spark.
+        mixed = {v.view for v in report.views if v.computed_by == "mixed"}
+        assert mixed == ({"agg_join", "top_lines"} if driver else set()), mixed
         check_all(engine)
     # Deleting its rows leaves a TopK with no spare rows short: the join under it is
     # evaluated from the snapshots to refill it.
