@@ -1307,27 +1307,30 @@ class Engine:
         (``stats``: per arrangement, as :meth:`_view_updates`).
 
         The caller has checked that the inputs' change is small (:meth:`small_change`)."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
         from ops import TIME
         from ops.ingest import consolidated_on
-        from ops.local import on_driver, render_local
-        from ops.sink import exact_types, same_columns
+        from ops.local import normalized_floats, on_driver, render_local
+        from ops.sink import same_columns
 
         if not (self._driver_computes() and on_driver(plan.root)):
             return None
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
-        join = self._driver_join(done, target, stats if stats is not None else {}, unchanged)
+        stats = stats if stats is not None else {}
+        join = self._driver_join(done, target, stats, unchanged)
+        reduce = None
+        if plan.has_state:
+            from ops.local_reduce import reduce_local
+
+            store = self._state_store(plan, done, target, stats, small=True)
+            reduce = partial(reduce_local, store=store)
         try:
             inputs = {
                 coll: self._arrow_updates(coll, done, target, self._input_columns(plan, coll))
                 for coll in plan.inputs
             }
             crash_point("ingest")
-            updates = render_local(self.spark, plan.root, inputs, join)
-            if not exact_types(from_arrow_schema(updates.schema)):
-                raise NotOnDriver("floating-point columns are summed by Spark")
+            updates = normalized_floats(render_local(self.spark, plan.root, inputs, join, reduce))
         except NotOnDriver as why:
             self.progress(f"{plan.name}: computed by Spark ({why})")
             return None

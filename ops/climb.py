@@ -66,13 +66,32 @@ def climb_on_driver(
     held = leaf.limit(most + 1).toArrow()
     if held.num_rows > most:
         return False
+    if not summed(held.to_pylist(), [*keys, "_p", "_b", arg]):
+        return False  # nothing to climb: Spark records the empty epoch
+    return climb_rows(store, branch, keys, arg, funcs, held)
+
+
+def climb_rows(
+    store: Any,
+    branch: Branch,
+    keys: Sequence[str],
+    arg: str,
+    funcs: Sequence[str],
+    held: pa.Table,
+) -> bool:
+    """:func:`climb_on_driver` of a level-0 change the driver holds (``(keys..., arg,
+    _diff, _b, _p)``, buckets set as Spark sets them); an empty change writes level 0's
+    epoch only, as Spark's climb does. False (nothing written) when a level's lookups are
+    Spark's to read."""
     keys = list(keys)
     values = [f"_{f}" for f in funcs]
     leaf_cols = [*keys, "_p", "_b", arg]
     level_cols = [*keys, "_p", "_b", *values]
     delta = summed(held.to_pylist(), leaf_cols)
     if not delta:
-        return False  # nothing to climb: Spark records the empty epoch
+        empty = held.select(leaf_cols).schema.append(pa.field(TIME, pa.int64()))
+        store.write_rows(branch.tables[0], empty.append(pa.field(DIFF, pa.int64())).empty_table())
+        return True
     width = len(keys)
     changes: list[Counter] = [delta]
     schemas: list[pa.Schema] = []

@@ -33,7 +33,17 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 from sqlglot import exp
 
 from ivm.errors import NotOnDriver
-from ivm.plan.ir import Filter, Get, Join, JoinInput, Node, Project, SemiJoin, UnionAll
+from ivm.plan.ir import (
+    Filter,
+    Get,
+    Join,
+    JoinInput,
+    Node,
+    Project,
+    Reduce,
+    SemiJoin,
+    UnionAll,
+)
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
 from ops import DIFF, TIME
 from ops.stateless import spark_sql
@@ -99,7 +109,8 @@ _TYPES: dict[tuple[tuple[tuple[str, str], ...], str], T.DataType] = {}
 _TYPES_LOCK = threading.Lock()
 
 
-def _arrow_type(t: T.DataType) -> pa.DataType:
+def arrow_type(t: T.DataType) -> pa.DataType:
+    """The Arrow type of Spark's type ``t`` as the engine's tables hold it."""
     if isinstance(t, T.NullType):
         return pa.null()
     if isinstance(t, T.TimestampType):
@@ -173,18 +184,18 @@ def _convert(v: Value, source: T.DataType, target: T.DataType) -> Value:
     """A value of Spark type ``source`` as ``target``, as Spark's implicit widening (and a
     numeric CAST) converts it; conversions it does not know exactly: Spark's part."""
     if source == target:
-        return v.cast(_arrow_type(target))
+        return v.cast(arrow_type(target))
     if isinstance(source, T.NullType):
         return (
-            pa.scalar(None, _arrow_type(target))
+            pa.scalar(None, arrow_type(target))
             if isinstance(v, pa.Scalar)
-            else v.cast(_arrow_type(target))
+            else v.cast(arrow_type(target))
         )
     if isinstance(target, T.DecimalType) and isinstance(source, _NUMERIC):
         return _fit_decimal(_decimal(v, source), target)
     if type(target) in _INTEGRAL_DIGITS and type(source) in _INTEGRAL_DIGITS:
         try:
-            return v.cast(_arrow_type(target))  # a safe cast: an overflow raises
+            return v.cast(arrow_type(target))  # a safe cast: an overflow raises
         except pa.ArrowInvalid as err:
             raise NotOnDriver(f"a value overflows {target.simpleString()}") from err
     raise NotOnDriver(f"{source.simpleString()} -> {target.simpleString()} is Spark's")
@@ -214,7 +225,7 @@ class Evaluator:
 
     def column(self, e: exp.Expression) -> pa.Array:
         """``e``'s value for every row, as an array of Spark's type for it."""
-        return _broadcast(self(e).cast(_arrow_type(self.type_of(e))), self.table.num_rows)
+        return _broadcast(self(e).cast(arrow_type(self.type_of(e))), self.table.num_rows)
 
     def mask(self, e: exp.Expression) -> pa.Array:
         """Which rows a predicate keeps (NULL counts as false, as in WHERE)."""
@@ -279,7 +290,7 @@ class Evaluator:
 
     @staticmethod
     def _literal(e: exp.Expression, t: T.DataType) -> pa.Scalar:
-        arrow = _arrow_type(t)
+        arrow = arrow_type(t)
         if isinstance(e, exp.Null):
             return pa.scalar(None, arrow)
         if isinstance(e, exp.Boolean):
@@ -389,7 +400,7 @@ class Evaluator:
         if default is not None:
             values.append(_broadcast(_convert(self(default), self.type_of(default), t), n))
         else:
-            values.append(pa.nulls(n, _arrow_type(t)))
+            values.append(pa.nulls(n, arrow_type(t)))
         names = [f"c{i}" for i in range(len(conditions))]
         return pc.case_when(pa.StructArray.from_arrays(conditions, names=names), *values)
 
@@ -423,27 +434,37 @@ class Evaluator:
 
 
 JoinRenderer = Callable[[Join, Mapping[str, pa.Table]], pa.Table]
+ReduceRenderer = Callable[[Reduce, pa.Table], pa.Table]
 
 
 def render_local(
-    spark, node: Node, inputs: Mapping[str, pa.Table], join: JoinRenderer | None = None
+    spark,
+    node: Node,
+    inputs: Mapping[str, pa.Table],
+    join: JoinRenderer | None = None,
+    reduce: ReduceRenderer | None = None,
 ) -> pa.Table:
     """The updates of ``node`` given every collection's updates as Arrow
     ``(columns..., _time, _diff)``: :func:`ops.stateless.render`'s result, computed by the
-    driver (``join``: how to render a join, :func:`join_delta_local`). Raises
+    driver (``join``: how to render a join, :func:`join_delta_local`; ``reduce``: a GROUP
+    BY given its input's updates, :func:`ops.local_reduce.reduce_local`). Raises
     :class:`~ivm.errors.NotOnDriver` for what Spark must compute."""
     if isinstance(node, Join) and join is not None:
         return join(node, inputs)
+    if isinstance(node, Reduce) and reduce is not None:
+        return reduce(node, render_local(spark, node.input, inputs, join, reduce))
     if isinstance(node, Get):
         return inputs[node.collection].select([*node.columns, TIME, DIFF])
     if isinstance(node, Filter):
-        return _filtered(spark, render_local(spark, node.input, inputs, join), node.predicate)
+        table = render_local(spark, node.input, inputs, join, reduce)
+        return _filtered(spark, table, node.predicate)
     if isinstance(node, Project):
-        return _projected(spark, render_local(spark, node.input, inputs, join), node.outputs)
+        table = render_local(spark, node.input, inputs, join, reduce)
+        return _projected(spark, table, node.outputs)
     if isinstance(node, UnionAll):
         names = [*node.columns, TIME, DIFF]
         parts = [
-            render_local(spark, b, inputs, join)
+            render_local(spark, b, inputs, join, reduce)
             .select([*b.columns, TIME, DIFF])
             .rename_columns(names)
             for b in node.branches
@@ -602,11 +623,25 @@ def _widened(parts: list[pa.Table]) -> list[pa.Table]:
     return out
 
 
+def normalized_floats(table: pa.Table) -> pa.Table:
+    """``table`` with its floating-point columns as Spark groups them: ``-0.0`` is ``0.0``
+    (Spark normalizes both before summing equal rows). A NaN raises NotOnDriver (Spark's
+    NaN is equal to itself and greater than any number: its grouping is Spark's)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type):
+            column = table.column(i)
+            if pc.any(pc.is_nan(column)).as_py():
+                raise NotOnDriver("NaN is grouped by Spark")
+            table = table.set_column(i, f, pc.add(column, pa.scalar(0.0, f.type)))
+    return table
+
+
 def on_driver(node: Node) -> bool:
     """Whether the driver may compute ``node``'s updates: it is made of Get, Filter, Project,
-    UnionAll and inner joins only (whose expressions may still be Spark's: NotOnDriver)."""
+    UnionAll, inner joins and GROUP BY only (whose expressions or aggregates may still be
+    Spark's: NotOnDriver)."""
     if isinstance(node, Join):
         return not node.preserve
-    return isinstance(node, (Get, Filter, Project, UnionAll)) and all(
+    return isinstance(node, (Get, Filter, Project, UnionAll, Reduce)) and all(
         on_driver(c) for c in node.inputs
     )

@@ -1,0 +1,429 @@
+"""A small change's GROUP BY computed by the driver, exactly as :mod:`ops.reduce` computes it
+on Spark: accumulable aggregates (COUNT, SUM, AVG, BOOL_AND/OR, and their DISTINCT forms) and
+MIN/MAX towers, their state read and written by the driver.
+
+Contract in ``(data, time, diff)`` terms, :func:`ops.reduce.render_reduce`'s: given the
+input's updates in ``(old, new]`` (Arrow), every branch's state tables get at ``new`` the rows
+Spark's path writes (an accumulable branch: one row of summed contributions per touched group,
+all-zero ones dropped; a DISTINCT: the ``(group, value)`` counts' change; a tower: each
+level's change, :func:`ops.climb.climb_rows`), and the result is the reduce's change at
+``new``: ``-1`` for each touched group's row at ``old``, ``+1`` for its row at ``new``,
+consolidated. Values are Spark's: sums of integers and decimals exact, AVG of a decimal
+divided in 38 significant digits rounded half up then rounded to Spark's result scales (as
+``java.math.BigDecimal`` with Spark's ``MathContext``), MIN/MAX buckets hashed with Spark's
+``xxhash64`` (:func:`spark_xxhash64`, the ``xxhash`` library's XXH64).
+
+:class:`~ivm.errors.NotOnDriver` (checked before any state is written) for a global
+aggregate, a monotonic input (no tower), recomputed (basic) aggregates, variances, floating
+point, a MIN/MAX over a type whose hash is not reproduced here, and a value past its type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import struct
+from collections import Counter
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from ivm.errors import NotOnDriver
+from ivm.plan.ir import Aggregate, Reduce
+from ivm.plan.reduce import FANOUT_BITS, Branch, branches
+from ops import DIFF, TIME, buffer
+from ops.buffer import summed
+from ops.climb import climb_rows
+
+Group = tuple
+
+_EXACT = decimal.Context(prec=200)
+"""Sums and products in as many digits as they need (Python's default keeps 28)."""
+
+SPARK_DECIMAL_CONTEXT = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP)
+"""How Spark divides decimals: ``java.math.MathContext(38, HALF_UP)``, before rounding the
+quotient to the result type's scale."""
+
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_ACCUMULATED = {"count", "sum", "avg", "bool_and", "bool_or"}
+
+_EPOCH = datetime.date(1970, 1, 1)
+_SEED = 42
+
+
+def spark_xxhash64(value: Any, t: T.DataType) -> int:
+    """Spark's ``xxhash64(value)`` of one value of type ``t``, as a signed long: XXH64 with
+    seed 42 over the value's little-endian bytes as Spark lays them out (an int or a date as 4
+    bytes, a long or a decimal of up to 18 digits' unscaled value as 8, a string's UTF-8
+    bytes); NULL hashes to the seed. Other types raise NotOnDriver."""
+    if value is None:
+        return _SEED
+    if isinstance(t, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType)):
+        data = struct.pack("<i", int(value))
+    elif isinstance(t, T.DateType):
+        data = struct.pack("<i", (value - _EPOCH).days)
+    elif isinstance(t, T.LongType):
+        data = struct.pack("<q", value)
+    elif isinstance(t, T.DecimalType) and t.precision <= 18:
+        data = struct.pack("<q", int(value.scaleb(t.scale, context=_EXACT)))
+    elif isinstance(t, T.StringType):
+        data = value.encode("utf-8")
+    else:
+        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
+    h = xxhash.xxh64_intdigest(data, seed=_SEED)
+    return h - (1 << 64) if h >> 63 else h
+
+
+def _fit(v: Decimal, precision: int, scale: int) -> Decimal:
+    """``v`` rounded half away from zero to ``scale`` (Spark's ``changePrecision``), which
+    must then fit ``precision`` digits (Spark returns NULL or raises: Spark's part)."""
+    q = v.quantize(Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP, context=_EXACT)
+    if q.adjusted() >= precision - scale and q != 0:
+        raise NotOnDriver(f"a value overflows decimal({precision},{scale})")
+    return q
+
+
+def _adjusted(precision: int, scale: int) -> tuple[int, int]:
+    """Spark's ``DecimalType.adjustPrecisionScale`` (precision loss allowed, the default)."""
+    if precision <= 38:
+        return precision, scale
+    int_digits = precision - scale
+    return 38, max(38 - int_digits, min(scale, 6))
+
+
+def _divide_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
+    """The type Spark gives ``decimal(p1, s1) / decimal(p2, s2)``."""
+    scale = max(6, s1 + p2 + 1)
+    return _adjusted(p1 - s1 + s2 + scale, scale)
+
+
+class _Accumulable:
+    """An accumulable branch's state columns, contributions and results, in Python: the
+    same as :func:`ops.reduce._accumulator`'s Spark columns."""
+
+    def __init__(self, aggregates: Sequence[Aggregate], types: dict[str, T.DataType]) -> None:
+        self.aggregates = aggregates
+        self.types = types
+        self.columns: list[tuple[str, str, str | None]] = [("_rows", "rows", None)]
+        for a in aggregates:
+            if a.func not in _ACCUMULATED:
+                raise NotOnDriver(f"{a.func.upper()} is computed by Spark")
+            if a.arg is None:
+                continue
+            t = types[a.arg]
+            self._add(f"_nn_{a.arg}", "nn", a.arg)
+            if a.func in ("sum", "avg"):
+                if not isinstance(t, (*_INTEGRAL, T.DecimalType)):
+                    raise NotOnDriver(f"{a.func.upper()} over {t.simpleString()} is Spark's")
+                self._add(f"_sum_{a.arg}", "sum", a.arg)
+            elif a.func in ("bool_and", "bool_or"):
+                self._add(f"_true_{a.arg}", "true", a.arg)
+
+    def _add(self, name: str, kind: str, arg: str | None) -> None:
+        if all(name != n for n, _, _ in self.columns):
+            self.columns.append((name, kind, arg))
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _, _ in self.columns]
+
+    def sums(self, rows: list[dict], keys: Sequence[str]) -> dict[Group, list]:
+        """Per group, the contributions of ``rows`` (updates with ``_diff``) summed; groups
+        whose sums are all zero are dropped (they change no state)."""
+        out: dict[Group, list] = {}
+        for r in rows:
+            d = r[DIFF]
+            sums = out.setdefault(tuple(r[k] for k in keys), [0] * len(self.columns))
+            for i, (_, kind, arg) in enumerate(self.columns):
+                if kind == "rows":
+                    sums[i] += d
+                elif kind == "nn":
+                    sums[i] += d if r[arg] is not None else 0
+                elif kind == "true":
+                    sums[i] += d if r[arg] is True else 0
+                elif r[arg] is not None:
+                    sums[i] = _EXACT.add(sums[i], _EXACT.multiply(Decimal(r[arg]), d))
+        return {g: s for g, s in out.items() if any(s)}
+
+    def state_type(self, kind: str, arg: str | None) -> pa.DataType:
+        if kind != "sum":
+            return pa.int64()
+        t = self.types[arg or ""]
+        return pa.decimal128(38, t.scale if isinstance(t, T.DecimalType) else 0)
+
+    def result_type(self, a: Aggregate) -> pa.DataType:
+        if a.func == "count":
+            return pa.int64()
+        if a.func in ("bool_and", "bool_or"):
+            return pa.bool_()
+        t = self.types[a.arg or ""]
+        if not isinstance(t, T.DecimalType):
+            return pa.int64() if a.func == "sum" else pa.float64()
+        p, s = t.precision, t.scale
+        if a.func == "sum":
+            return pa.decimal128(min(38, p + 10), s)
+        return pa.decimal128(min(38, p + 4), min(38, s + 4))
+
+    def results(self, state: list) -> list:
+        """The aggregates' values from a group's summed state (as ``ops.reduce._results``)."""
+        at = {n: v for (n, _, _), v in zip(self.columns, state, strict=True)}
+        out = []
+        for a in self.aggregates:
+            if a.arg is None:
+                out.append(at["_rows"])
+                continue
+            nn = at[f"_nn_{a.arg}"]
+            if a.func == "count":
+                out.append(nn)
+            elif nn <= 0:
+                out.append(None)
+            elif a.func == "bool_and":
+                out.append(at[f"_true_{a.arg}"] == nn)
+            elif a.func == "bool_or":
+                out.append(at[f"_true_{a.arg}"] > 0)
+            else:
+                out.append(self._summed_result(a, Decimal(at[f"_sum_{a.arg}"]), nn))
+        return out
+
+    def _summed_result(self, a: Aggregate, total: Decimal, nn: int) -> Any:
+        t = self.types[a.arg or ""]
+        if not isinstance(t, T.DecimalType):
+            if a.func == "sum":
+                if not -(2**63) <= total < 2**63:
+                    raise NotOnDriver("a SUM overflows bigint")
+                return int(total)
+            return float(total) / float(nn)
+        p, s = t.precision, t.scale
+        summed_as = (min(38, p + 10), s)
+        total = _fit(total, *summed_as)
+        if a.func == "sum":
+            return total
+        # AVG: CAST(CAST(sum AS DECIMAL(p+10, s)) / CAST(n AS DECIMAL(20, 0))
+        #      AS DECIMAL(p+4, s+4)), as ops.reduce._avg_result writes it for Spark.
+        quotient = SPARK_DECIMAL_CONTEXT.divide(total, Decimal(nn))
+        quotient = _fit(quotient, *_divide_type(*summed_as, 20, 0))
+        return _fit(quotient, min(38, p + 4), min(38, s + 4))
+
+
+def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
+    """NotOnDriver, before anything is written, for what this module does not compute."""
+    if not node.keys:
+        raise NotOnDriver("a global aggregate is computed by Spark")
+    for b in branches(node):
+        if b.kind == "accumulable":
+            _Accumulable(b.aggregates, types)
+        elif b.kind == "hierarchical":
+            if b.levels == 0:
+                raise NotOnDriver("MIN/MAX of an append-only input is computed by Spark")
+            _hashable(types[b.value or ""])
+        else:
+            raise NotOnDriver(f"{b.kind} aggregates are computed by Spark")
+        if b.distinct and b.kind != "accumulable":
+            raise NotOnDriver("DISTINCT outside COUNT/SUM/AVG is computed by Spark")
+    for t in types.values():
+        if isinstance(t, (T.FloatType, T.DoubleType)):
+            raise NotOnDriver("floating-point columns are summed by Spark")
+
+
+def _hashable(t: T.DataType) -> None:
+    ok = isinstance(t, (T.BooleanType, *_INTEGRAL, T.DateType, T.StringType)) or (
+        isinstance(t, T.DecimalType) and t.precision <= 18
+    )
+    if not ok:
+        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
+
+
+def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
+    """The reduce's change in ``(store.old, store.new]`` from its input's updates ``delta``
+    (``(columns..., _time, _diff)``), its state read and written through ``store``
+    (:class:`ops.reduce.StateStore`'s ``read_rows``/``write_rows``): the module's contract."""
+    if store.read_rows is None or store.write_rows is None or store.old <= 0:
+        raise NotOnDriver("the state is not the driver's to read")
+    if delta.num_rows > buffer.DRIVER_STATE_ROWS:  # read when called: tests set it to 0
+        raise NotOnDriver("more updates than the driver's state rows")
+    types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
+    _check(node, types)
+    keys = list(node.keys)
+    rows = [r for r in delta.to_pylist() if r[DIFF]]
+    touched = sorted({tuple(r[k] for k in keys) for r in rows}, key=repr)
+    key_schema = pa.schema([delta.schema.field(k) for k in keys])
+    probe = pa.Table.from_pylist([dict(zip(keys, g, strict=True)) for g in touched], key_schema)
+    found: list[tuple[dict[Group, list], dict[Group, list]]] = []
+    for branch in branches(node):
+        if branch.kind == "accumulable":
+            found.append(_accumulable(branch, rows, delta.schema, types, keys, probe, store))
+        else:
+            found.append(_tower(branch, rows, types, keys, probe, store))
+    change: Counter = Counter()
+    for at, sign in ((0, -1), (1, 1)):
+        for g in touched:
+            parts = [branch_values[at].get(g) for branch_values in found]
+            if all(p is not None for p in parts):
+                change[(*g, *[v for p in parts for v in p])] += sign
+    names = _result_names(node)
+    schema = pa.schema(
+        [
+            *key_schema,
+            *(pa.field(n, t) for n, t in _result_types(node, types).items()),
+            pa.field(TIME, pa.int64()),
+            pa.field(DIFF, pa.int64()),
+        ]
+    )
+    out = [
+        {**dict(zip([*keys, *names], row, strict=True)), TIME: store.new, DIFF: n}
+        for row, n in change.items()
+        if n
+    ]
+    table = pa.Table.from_pylist(out, schema=schema)
+    return table.select([*node.columns, TIME, DIFF])
+
+
+def _result_names(node: Reduce) -> list[str]:
+    return [a.name for b in branches(node) for a in b.aggregates]
+
+
+def _result_types(node: Reduce, types: dict[str, T.DataType]) -> dict[str, pa.DataType]:
+    from ops.local import arrow_type
+
+    out: dict[str, pa.DataType] = {}
+    for b in branches(node):
+        if b.kind == "accumulable":
+            acc = _Accumulable(b.aggregates, types)
+            out.update({a.name: acc.result_type(a) for a in b.aggregates})
+        else:
+            out.update({a.name: arrow_type(types[b.value or ""]) for a in b.aggregates})
+    return out
+
+
+def _accumulable(
+    branch: Branch,
+    rows: list[dict],
+    schema: pa.Schema,
+    types: dict[str, T.DataType],
+    keys: list[str],
+    probe: pa.Table,
+    store: Any,
+) -> tuple[dict[Group, list], dict[Group, list]]:
+    """Write an accumulable branch's state change; its results per touched group at old and
+    at new (groups with rows only)."""
+    if branch.distinct:
+        rows = _distinct_flips(branch, rows, schema, keys, store)
+    acc = _Accumulable(branch.aggregates, types)
+    table = branch.tables[-1]
+    change = acc.sums(rows, keys)
+    before = store.read_rows(table, keys, probe, store.old)
+    if before is None:
+        raise NotOnDriver(f"{branch.name}: the touched groups' state is Spark's to read")
+    old: dict[Group, list] = {}
+    for r in before.to_pylist():
+        sums = old.setdefault(tuple(r[k] for k in keys), [0] * len(acc.columns))
+        for i, name in enumerate(acc.names):
+            sums[i] = _EXACT.add(sums[i], r[name] or 0)
+    new = {g: list(s) for g, s in old.items()}
+    for g, s in change.items():
+        sums = new.setdefault(g, [0] * len(acc.columns))
+        for i, v in enumerate(s):
+            sums[i] = _EXACT.add(sums[i], v)
+    written = pa.schema(
+        [
+            *(schema.field(k) for k in keys),
+            *(pa.field(n, acc.state_type(kind, arg)) for n, kind, arg in acc.columns),
+            pa.field(TIME, pa.int64()),
+        ]
+    )
+    state_rows = [
+        {**dict(zip(keys, g, strict=True)), **dict(zip(acc.names, s, strict=True)), TIME: store.new}
+        for g, s in change.items()
+    ]
+    try:
+        update = pa.Table.from_pylist(state_rows, schema=written)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise NotOnDriver(f"{branch.name}: a sum past its state's type") from err
+    store.write_rows(table, update)
+    rows_at = acc.names.index("_rows")
+    return tuple(  # type: ignore[return-value]
+        {g: acc.results(s) for g, s in state.items() if s[rows_at] > 0} for state in (old, new)
+    )
+
+
+def _distinct_flips(
+    branch: Branch, rows: list[dict], schema: pa.Schema, keys: list[str], store: Any
+) -> list[dict]:
+    """Write a DISTINCT's ``(group, value)`` counts' change; the distinct set's change: ``+1``
+    for each value whose count rose from zero, ``-1`` for each that fell to zero (as
+    :func:`ops.accumulate.distinct_on_driver`)."""
+    cols = [*keys, branch.value or ""]
+    table = branch.tables[0]
+    change = summed(rows, cols)
+    col_schema = pa.schema([schema.field(c) for c in cols])
+    probe = pa.Table.from_pylist([dict(zip(cols, r, strict=True)) for r in change], col_schema)
+    before = store.read_rows(table, cols, probe, store.old)
+    if before is None:
+        raise NotOnDriver(f"{branch.name}: the distinct counts are Spark's to read")
+    old = summed(before.to_pylist(), cols)
+    update = pa.Table.from_pylist(
+        [{**dict(zip(cols, r, strict=True)), DIFF: n, TIME: store.new} for r, n in change.items()],
+        schema=col_schema.append(pa.field(DIFF, pa.int64())).append(pa.field(TIME, pa.int64())),
+    )
+    store.write_rows(table, update)
+    flips = []
+    for row, n in change.items():
+        was = old.get(row, 0)
+        flip = int(was + n > 0) - int(was > 0)
+        if flip:
+            flips.append({**dict(zip(cols, row, strict=True)), DIFF: flip})
+    return flips
+
+
+def _tower(
+    branch: Branch,
+    rows: list[dict],
+    types: dict[str, T.DataType],
+    keys: list[str],
+    probe: pa.Table,
+    store: Any,
+) -> tuple[dict[Group, list], dict[Group, list]]:
+    """Climb a MIN/MAX tower with the change (:func:`ops.climb.climb_rows`); the branch's
+    results per touched group at old and at new, from its top level."""
+    arg = branch.value or ""
+    funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
+    values = [f"_{f}" for f in funcs]
+    modulus = 1 << (FANOUT_BITS * branch.levels)
+    t = types[arg]
+    leaf = []
+    for r in rows:
+        b = spark_xxhash64(r[arg], t) % modulus
+        leaf.append({**{k: r[k] for k in keys}, arg: r[arg], DIFF: r[DIFF], "_b": b, "_p": b >> 4})
+    from ops.local import arrow_type
+
+    leaf_schema = pa.schema(
+        [
+            *(probe.schema.field(k) for k in keys),
+            pa.field(arg, arrow_type(t)),
+            pa.field(DIFF, pa.int64()),
+            pa.field("_b", pa.int64()),
+            pa.field("_p", pa.int64()),
+        ]
+    )
+    if not climb_rows(store, branch, keys, arg, funcs, pa.Table.from_pylist(leaf, leaf_schema)):
+        raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
+    top_probe = probe.append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
+    top = store.read_rows(branch.tables[-1], [*keys, "_b"], top_probe, store.new)
+    if top is None:
+        raise NotOnDriver(f"{branch.name}: the tower's top is Spark's to read")
+    entries = top.to_pylist()
+    out = []
+    for at in (store.old, store.new):
+        held = summed([e for e in entries if e[TIME] <= at], [*keys, *values])
+        per_group: dict[Group, list] = {}
+        for row, n in held.items():
+            if n > 0:
+                found = dict(zip(values, row[len(keys) :], strict=True))
+                per_group[row[: len(keys)]] = [found[f"_{a.func}"] for a in branch.aggregates]
+        out.append(per_group)
+    return out[0], out[1]
