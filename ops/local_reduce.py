@@ -29,6 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -77,6 +78,13 @@ def spark_xxhash64(value: Any, t: T.DataType) -> int:
         raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
     h = xxhash.xxh64_intdigest(data, seed=_SEED)
     return h - (1 << 64) if h >> 63 else h
+
+
+def _decimal_shape(t: T.DataType) -> tuple[int, int]:
+    """A number's type as a decimal's ``(precision, scale)``: an integer's digits, scale 0."""
+    if isinstance(t, T.DecimalType):
+        return t.precision, t.scale
+    return {T.ByteType: 3, T.ShortType: 5, T.IntegerType: 10, T.LongType: 20}[type(t)], 0
 
 
 def _fit(v: Decimal, precision: int, scale: int) -> Decimal:
@@ -132,23 +140,38 @@ class _Accumulable:
     def names(self) -> list[str]:
         return [n for n, _, _ in self.columns]
 
-    def sums(self, rows: list[dict], keys: Sequence[str]) -> dict[Group, list]:
-        """Per group, the contributions of ``rows`` (updates with ``_diff``) summed; groups
-        whose sums are all zero are dropped (they change no state)."""
+    def sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, list]:
+        """Per group, the contributions of ``rows`` (updates with ``_diff``) summed by Arrow
+        (decimals exact in 256 bits); groups whose sums are all zero are dropped (they change
+        no state)."""
+        diff = rows.column(DIFF)
+        columns: dict[str, Any] = {k: rows.column(k) for k in keys}
+        for name, kind, arg in self.columns:
+            if kind == "rows":
+                columns[name] = diff
+                continue
+            x = rows.column(arg)
+            if kind == "nn":
+                columns[name] = pc.if_else(pc.is_valid(x), diff, 0)
+            elif kind == "true":
+                columns[name] = pc.if_else(pc.fill_null(pc.equal(x, True), False), diff, 0)
+            else:
+                precision, scale = _decimal_shape(self.types[arg or ""])
+                product = pc.multiply(
+                    x.cast(pa.decimal256(precision, scale)), diff.cast(pa.decimal256(19, 0))
+                )
+                columns[name] = pc.fill_null(product, 0)
+        summed_rows = (
+            pa.table(columns)
+            .group_by(list(keys), use_threads=False)
+            .aggregate([(n, "sum") for n in self.names])
+        )
         out: dict[Group, list] = {}
-        for r in rows:
-            d = r[DIFF]
-            sums = out.setdefault(tuple(r[k] for k in keys), [0] * len(self.columns))
-            for i, (_, kind, arg) in enumerate(self.columns):
-                if kind == "rows":
-                    sums[i] += d
-                elif kind == "nn":
-                    sums[i] += d if r[arg] is not None else 0
-                elif kind == "true":
-                    sums[i] += d if r[arg] is True else 0
-                elif r[arg] is not None:
-                    sums[i] = _EXACT.add(sums[i], _EXACT.multiply(Decimal(r[arg]), d))
-        return {g: s for g, s in out.items() if any(s)}
+        for r in summed_rows.to_pylist():
+            sums = [r[f"{n}_sum"] for n in self.names]
+            if any(sums):
+                out[tuple(r[k] for k in keys)] = sums
+        return out
 
     def state_type(self, kind: str, arg: str | None) -> pa.DataType:
         if kind != "sum":
@@ -249,10 +272,10 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
     keys = list(node.keys)
-    rows = [r for r in delta.to_pylist() if r[DIFF]]
-    touched = sorted({tuple(r[k] for k in keys) for r in rows}, key=repr)
+    rows = delta.filter(pc.not_equal(delta.column(DIFF), 0))
     key_schema = pa.schema([delta.schema.field(k) for k in keys])
-    probe = pa.Table.from_pylist([dict(zip(keys, g, strict=True)) for g in touched], key_schema)
+    probe = rows.select(keys).group_by(keys, use_threads=False).aggregate([]).cast(key_schema)
+    touched = [tuple(r[k] for k in keys) for r in probe.to_pylist()]
     found: list[tuple[dict[Group, list], dict[Group, list]]] = []
     for branch in branches(node):
         if branch.kind == "accumulable":
@@ -302,7 +325,7 @@ def _result_types(node: Reduce, types: dict[str, T.DataType]) -> dict[str, pa.Da
 
 def _accumulable(
     branch: Branch,
-    rows: list[dict],
+    rows: pa.Table,
     schema: pa.Schema,
     types: dict[str, T.DataType],
     keys: list[str],
@@ -352,37 +375,41 @@ def _accumulable(
 
 
 def _distinct_flips(
-    branch: Branch, rows: list[dict], schema: pa.Schema, keys: list[str], store: Any
-) -> list[dict]:
-    """Write a DISTINCT's ``(group, value)`` counts' change; the distinct set's change: ``+1``
-    for each value whose count rose from zero, ``-1`` for each that fell to zero (as
-    :func:`ops.accumulate.distinct_on_driver`)."""
+    branch: Branch, rows: pa.Table, schema: pa.Schema, keys: list[str], store: Any
+) -> pa.Table:
+    """Write a DISTINCT's ``(group, value)`` counts' change; the distinct set's change
+    ``(group, value, _diff)``: ``+1`` for each value whose count rose from zero, ``-1`` for
+    each that fell to zero (as :func:`ops.accumulate.distinct_on_driver`)."""
     cols = [*keys, branch.value or ""]
     table = branch.tables[0]
-    change = summed(rows, cols)
+    summed_rows = (
+        rows.select([*cols, DIFF])
+        .group_by(cols, use_threads=False)
+        .aggregate([(DIFF, "sum")])
+        .rename_columns([*cols, DIFF])
+    )
+    summed_rows = summed_rows.filter(pc.not_equal(summed_rows.column(DIFF), 0))
     col_schema = pa.schema([schema.field(c) for c in cols])
-    probe = pa.Table.from_pylist([dict(zip(cols, r, strict=True)) for r in change], col_schema)
-    before = store.read_rows(table, cols, probe, store.old)
+    change = summed_rows.cast(col_schema.append(pa.field(DIFF, pa.int64())))
+    before = store.read_rows(table, cols, change.select(cols), store.old)
     if before is None:
         raise NotOnDriver(f"{branch.name}: the distinct counts are Spark's to read")
     old = summed(before.to_pylist(), cols)
-    update = pa.Table.from_pylist(
-        [{**dict(zip(cols, r, strict=True)), DIFF: n, TIME: store.new} for r, n in change.items()],
-        schema=col_schema.append(pa.field(DIFF, pa.int64())).append(pa.field(TIME, pa.int64())),
-    )
-    store.write_rows(table, update)
+    times = pa.repeat(pa.scalar(store.new, pa.int64()), change.num_rows)
+    store.write_rows(table, change.append_column(TIME, times))
     flips = []
-    for row, n in change.items():
+    for r in change.to_pylist():
+        row = tuple(r[c] for c in cols)
         was = old.get(row, 0)
-        flip = int(was + n > 0) - int(was > 0)
+        flip = int(was + r[DIFF] > 0) - int(was > 0)
         if flip:
             flips.append({**dict(zip(cols, row, strict=True)), DIFF: flip})
-    return flips
+    return pa.Table.from_pylist(flips, schema=change.schema)
 
 
 def _tower(
     branch: Branch,
-    rows: list[dict],
+    rows: pa.Table,
     types: dict[str, T.DataType],
     keys: list[str],
     probe: pa.Table,
@@ -395,22 +422,20 @@ def _tower(
     values = [f"_{f}" for f in funcs]
     modulus = 1 << (FANOUT_BITS * branch.levels)
     t = types[arg]
-    leaf = []
-    for r in rows:
-        b = spark_xxhash64(r[arg], t) % modulus
-        leaf.append({**{k: r[k] for k in keys}, arg: r[arg], DIFF: r[DIFF], "_b": b, "_p": b >> 4})
-    from ops.local import arrow_type
-
-    leaf_schema = pa.schema(
-        [
-            *(probe.schema.field(k) for k in keys),
-            pa.field(arg, arrow_type(t)),
-            pa.field(DIFF, pa.int64()),
-            pa.field("_b", pa.int64()),
-            pa.field("_p", pa.int64()),
-        ]
+    # Level 0: the change summed per (group, value), each value in its bucket (hashed once).
+    level0 = (
+        rows.select([*keys, arg, DIFF])
+        .group_by([*keys, arg], use_threads=False)
+        .aggregate([(DIFF, "sum")])
+        .rename_columns([*keys, arg, DIFF])
     )
-    if not climb_rows(store, branch, keys, arg, funcs, pa.Table.from_pylist(leaf, leaf_schema)):
+    distinct = pc.unique(level0.column(arg))
+    hashes = pa.array([spark_xxhash64(v, t) % modulus for v in distinct.to_pylist()], pa.int64())
+    buckets = pc.take(hashes, pc.index_in(level0.column(arg), value_set=distinct))
+    leaf = level0.append_column("_b", buckets).append_column(
+        "_p", pc.shift_right(buckets, FANOUT_BITS)
+    )
+    if not climb_rows(store, branch, keys, arg, funcs, leaf):
         raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
     top_probe = probe.append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
     top = store.read_rows(branch.tables[-1], [*keys, "_b"], top_probe, store.new)

@@ -229,7 +229,6 @@ def test_accumulated_results_are_sparks(spark):
     acc = _Accumulable(
         aggregates, {"g": T.IntegerType(), "p": T.DecimalType(12, 3), "q": T.IntegerType()}
     )
-    mine = {g: acc.results(s) for g, s in acc.sums(rows, ["g"]).items()}
     table = pa.Table.from_pylist(
         rows,
         pa.schema(
@@ -241,6 +240,7 @@ def test_accumulated_results_are_sparks(spark):
             ]
         ),
     )
+    mine = {g: acc.results(s) for g, s in acc.sums(table, ["g"]).items()}
     theirs = (
         spark.createDataFrame(table)
         .groupBy("g")
