@@ -1318,19 +1318,19 @@ class Engine:
             self.refresh_arrangement(arrangement.key)
         stats = stats if stats is not None else {}
         join = self._driver_join(done, target, stats, unchanged)
-        reduce = None
+        stateful = None
         if plan.has_state:
-            from ops.local_reduce import reduce_local
+            from ops.local_reduce import stateful_local
 
             store = self._state_store(plan, done, target, stats, small=True)
-            reduce = partial(reduce_local, store=store)
+            stateful = partial(stateful_local, store=store)
         try:
             inputs = {
                 coll: self._arrow_updates(coll, done, target, self._input_columns(plan, coll))
                 for coll in plan.inputs
             }
             crash_point("ingest")
-            updates = normalized_floats(render_local(self.spark, plan.root, inputs, join, reduce))
+            updates = normalized_floats(render_local(self.spark, plan.root, inputs, join, stateful))
         except NotOnDriver as why:
             self.progress(f"{plan.name}: computed by Spark ({why})")
             return None

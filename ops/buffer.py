@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from ivm.plan.ir import TopK
 from ivm.plan.reduce import GLOBAL_KEY, Branch, topk_spare
@@ -136,6 +136,16 @@ def refresh_on_driver(
     if held.num_rows > DRIVER_STATE_ROWS:
         return None, delta
     delta = store.spark.createDataFrame(held, schema=delta.schema)  # computed once, either way
+    updates = refresh_rows(node, branch, held, store)
+    if updates is None:
+        return None, delta
+    return store.spark.createDataFrame(updates, schema=_output_schema(node, delta.schema)), delta
+
+
+def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Table | None:
+    """:func:`refresh_on_driver` of a change the driver holds (``(columns..., _diff)``, exact
+    types): the TopK's updates as Arrow, its state written; None (nothing written) when a
+    group must be refilled from the input or the touched groups' state is Spark's to read."""
     count_table, first_table = branch.tables
     keys = list(branch.state_keys)
     data = list(node.input.columns)
@@ -155,7 +165,7 @@ def refresh_on_driver(
     buffered = store.read_rows(first_table, keys, key_table, store.old)
     counted = store.read_rows(count_table, keys, key_table, store.old)
     if buffered is None or counted is None:
-        return None, delta
+        return None
 
     first_old = _by_group(summed(buffered.to_pylist(), cols), width)
     count_old = summed(counted.to_pylist(), keys)
@@ -177,7 +187,7 @@ def refresh_on_driver(
         total = count_old.get(g, 0) + counts.get(g, 0)
         have = sum(merged.get(g, Counter()).values())
         if total and have < k and total > have:
-            return None, delta  # a group to refill from the input: Spark's part
+            return None  # a group to refill from the input: Spark's part
     first_new = {g: _first(rows, rank, kept) for g, rows in merged.items()}
 
     new = store.new
@@ -194,7 +204,7 @@ def refresh_on_driver(
         for row, n in buffer_change.items()
         if n
     ]
-    out_schema = _output_schema(node, delta.schema)
+    out_schema = _output_schema(node, from_arrow_schema(held.schema))
     view_rows = _numbered(node, cols, rank, first_old, first_new, new)
     updates = pa.Table.from_pylist(view_rows, schema=to_arrow_schema(out_schema))
     store.write_rows(count_table, pa.Table.from_pylist(count_rows, schema=counted.schema))
@@ -203,7 +213,7 @@ def refresh_on_driver(
         f"TopK {node.label}: {len(touched)} group(s) touched, refreshed by the driver "
         f"({len(change)} change rows)"
     )
-    return store.spark.createDataFrame(updates, schema=out_schema), delta
+    return updates
 
 
 def _output_schema(node: TopK, schema: T.StructType) -> T.StructType:

@@ -42,6 +42,7 @@ from ivm.plan.ir import (
     Project,
     Reduce,
     SemiJoin,
+    TopK,
     UnionAll,
 )
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
@@ -51,8 +52,9 @@ from ops.stateless import spark_sql
 Value = pa.Array | pa.ChunkedArray | pa.Scalar
 
 DRIVER_VIEWS = True
-"""Whether the engine computes a small change of a stateless view here (with the driver's
-writes, :data:`ops.sink.DRIVER_WRITE`); off, Spark computes every view."""
+"""Whether the engine has the driver compute small changes (here and in
+:mod:`ops.local_reduce`, with the driver's writes, :data:`ops.sink.DRIVER_WRITE`); off,
+Spark computes every view."""
 
 _INTEGRAL_DIGITS: dict[type, int] = {
     T.ByteType: 3,
@@ -151,7 +153,7 @@ def spark_types(spark, schema: T.StructType, expressions: Sequence[exp.Expressio
             _TYPES[(fields, sql)] = field.dataType
 
 
-def _decimal_shape(t: T.DataType) -> tuple[int, int]:
+def decimal_shape(t: T.DataType) -> tuple[int, int]:
     """``(precision, scale)`` of a number of Spark type ``t`` as a decimal (an integer: the
     decimal of its digits, as Spark widens it)."""
     if isinstance(t, T.DecimalType):
@@ -164,7 +166,7 @@ def _decimal_shape(t: T.DataType) -> tuple[int, int]:
 
 def _decimal(v: Value, t: T.DataType) -> Value:
     """A number of Spark type ``t`` as an exact 256-bit decimal of its own precision."""
-    precision, scale = _decimal_shape(t)
+    precision, scale = decimal_shape(t)
     return v.cast(pa.decimal256(max(precision, 1), scale))
 
 
@@ -434,7 +436,7 @@ class Evaluator:
 
 
 JoinRenderer = Callable[[Join, Mapping[str, pa.Table]], pa.Table]
-ReduceRenderer = Callable[[Reduce, pa.Table], pa.Table]
+StatefulRenderer = Callable[[Reduce | TopK, pa.Table], pa.Table]
 
 
 def render_local(
@@ -442,29 +444,29 @@ def render_local(
     node: Node,
     inputs: Mapping[str, pa.Table],
     join: JoinRenderer | None = None,
-    reduce: ReduceRenderer | None = None,
+    stateful: StatefulRenderer | None = None,
 ) -> pa.Table:
     """The updates of ``node`` given every collection's updates as Arrow
     ``(columns..., _time, _diff)``: :func:`ops.stateless.render`'s result, computed by the
-    driver (``join``: how to render a join, :func:`join_delta_local`; ``reduce``: a GROUP
-    BY given its input's updates, :func:`ops.local_reduce.reduce_local`). Raises
+    driver (``join``: how to render a join, :func:`join_delta_local`; ``stateful``: a GROUP
+    BY or a TopK given its input's updates, :mod:`ops.local_reduce`). Raises
     :class:`~ivm.errors.NotOnDriver` for what Spark must compute."""
     if isinstance(node, Join) and join is not None:
         return join(node, inputs)
-    if isinstance(node, Reduce) and reduce is not None:
-        return reduce(node, render_local(spark, node.input, inputs, join, reduce))
+    if isinstance(node, (Reduce, TopK)) and stateful is not None:
+        return stateful(node, render_local(spark, node.input, inputs, join, stateful))
     if isinstance(node, Get):
         return inputs[node.collection].select([*node.columns, TIME, DIFF])
     if isinstance(node, Filter):
-        table = render_local(spark, node.input, inputs, join, reduce)
+        table = render_local(spark, node.input, inputs, join, stateful)
         return _filtered(spark, table, node.predicate)
     if isinstance(node, Project):
-        table = render_local(spark, node.input, inputs, join, reduce)
+        table = render_local(spark, node.input, inputs, join, stateful)
         return _projected(spark, table, node.outputs)
     if isinstance(node, UnionAll):
         names = [*node.columns, TIME, DIFF]
         parts = [
-            render_local(spark, b, inputs, join, reduce)
+            render_local(spark, b, inputs, join, stateful)
             .select([*b.columns, TIME, DIFF])
             .rename_columns(names)
             for b in node.branches
@@ -595,7 +597,7 @@ def _wider(a: T.DataType, b: T.DataType) -> T.DataType:
     if type(a) in _INTEGRAL_DIGITS and type(b) in _INTEGRAL_DIGITS:
         return a if _INTEGRAL_DIGITS[type(a)] >= _INTEGRAL_DIGITS[type(b)] else b
     if isinstance(a, _NUMERIC) and isinstance(b, _NUMERIC):
-        (pa_, sa), (pb, sb) = _decimal_shape(a), _decimal_shape(b)
+        (pa_, sa), (pb, sb) = decimal_shape(a), decimal_shape(b)
         scale = max(sa, sb)
         precision = max(pa_ - sa, pb - sb) + scale
         if precision > 38:
@@ -638,10 +640,10 @@ def normalized_floats(table: pa.Table) -> pa.Table:
 
 def on_driver(node: Node) -> bool:
     """Whether the driver may compute ``node``'s updates: it is made of Get, Filter, Project,
-    UnionAll, inner joins and GROUP BY only (whose expressions or aggregates may still be
-    Spark's: NotOnDriver)."""
+    UnionAll, inner joins, GROUP BY and TopK only (whose expressions or aggregates may still
+    be Spark's: NotOnDriver)."""
     if isinstance(node, Join):
         return not node.preserve
-    return isinstance(node, (Get, Filter, Project, UnionAll, Reduce)) and all(
+    return isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)) and all(
         on_driver(c) for c in node.inputs
     )

@@ -1,6 +1,7 @@
 """A small change's GROUP BY computed by the driver, exactly as :mod:`ops.reduce` computes it
 on Spark: accumulable aggregates (COUNT, SUM, AVG, BOOL_AND/OR, and their DISTINCT forms) and
-MIN/MAX towers, their state read and written by the driver.
+MIN/MAX towers, their state read and written by the driver; and a buffered TopK's
+(:func:`topk_local`, :func:`ops.buffer.refresh_rows`).
 
 Contract in ``(data, time, diff)`` terms, :func:`ops.reduce.render_reduce`'s: given the
 input's updates in ``(old, new]`` (Arrow), every branch's state tables get at ``new`` the rows
@@ -35,11 +36,13 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.errors import NotOnDriver
-from ivm.plan.ir import Aggregate, Reduce
+from ivm.plan.ir import Aggregate, Reduce, TopK
 from ivm.plan.reduce import FANOUT_BITS, Branch, branches
 from ops import DIFF, TIME, buffer
 from ops.buffer import summed
 from ops.climb import climb_rows
+from ops.local import arrow_type, decimal_shape
+from ops.sink import exact_types
 
 Group = tuple
 
@@ -78,13 +81,6 @@ def spark_xxhash64(value: Any, t: T.DataType) -> int:
         raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
     h = xxhash.xxh64_intdigest(data, seed=_SEED)
     return h - (1 << 64) if h >> 63 else h
-
-
-def _decimal_shape(t: T.DataType) -> tuple[int, int]:
-    """A number's type as a decimal's ``(precision, scale)``: an integer's digits, scale 0."""
-    if isinstance(t, T.DecimalType):
-        return t.precision, t.scale
-    return {T.ByteType: 3, T.ShortType: 5, T.IntegerType: 10, T.LongType: 20}[type(t)], 0
 
 
 def _fit(v: Decimal, precision: int, scale: int) -> Decimal:
@@ -156,7 +152,7 @@ class _Accumulable:
             elif kind == "true":
                 columns[name] = pc.if_else(pc.fill_null(pc.equal(x, True), False), diff, 0)
             else:
-                precision, scale = _decimal_shape(self.types[arg or ""])
+                precision, scale = decimal_shape(self.types[arg or ""])
                 product = pc.multiply(
                     x.cast(pa.decimal256(precision, scale)), diff.cast(pa.decimal256(19, 0))
                 )
@@ -311,8 +307,6 @@ def _result_names(node: Reduce) -> list[str]:
 
 
 def _result_types(node: Reduce, types: dict[str, T.DataType]) -> dict[str, pa.DataType]:
-    from ops.local import arrow_type
-
     out: dict[str, pa.DataType] = {}
     for b in branches(node):
         if b.kind == "accumulable":
@@ -452,3 +446,30 @@ def _tower(
                 per_group[row[: len(keys)]] = [found[f"_{a.func}"] for a in branch.aggregates]
         out.append(per_group)
     return out[0], out[1]
+
+
+def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
+    """A buffered TopK's change computed by the driver (:func:`ops.buffer.refresh_rows`)
+    from its input's updates ``delta`` (``(columns..., _time, _diff)``): ``(columns...,
+    [rank], _time, _diff)``. NotOnDriver for a tower or monotonic TopK, floating-point
+    columns, a group to refill from the input, or state the driver does not read."""
+    (branch,) = branches(node)
+    if branch.kind != "buffer" or store.read_rows is None or store.write_rows is None:
+        raise NotOnDriver("this TopK is computed by Spark")
+    if store.old <= 0 or delta.num_rows > buffer.DRIVER_STATE_ROWS:
+        raise NotOnDriver("more updates than the driver's state rows")
+    held = delta.select([*node.input.columns, DIFF])
+    held = held.filter(pc.not_equal(held.column(DIFF), 0))
+    if not exact_types(from_arrow_schema(held.schema)):
+        raise NotOnDriver("a TopK over floating point is Spark's")
+    updates = buffer.refresh_rows(node, branch, held, store)
+    if updates is None:
+        raise NotOnDriver("a TopK group to refill from its input")
+    return updates
+
+
+def stateful_local(node: Reduce | TopK, delta: pa.Table, store: Any) -> pa.Table:
+    """A GROUP BY's (:func:`reduce_local`) or a TopK's (:func:`topk_local`) change."""
+    if isinstance(node, Reduce):
+        return reduce_local(node, delta, store)
+    return topk_local(node, delta, store)
