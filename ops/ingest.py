@@ -405,21 +405,6 @@ def source_change_cancels(
         return _changes_memo(spark, source, lower, upper, epoch).cancels_on(columns)
 
 
-def source_change_net(
-    spark: SparkSession,
-    source: SourceTable,
-    lower: int,
-    upper: int,
-    epoch: int,
-    columns: Sequence[str],
-) -> pa.Table | None:
-    """The updates :func:`source_changes_once` gives for a non-empty range, summed on
-    ``columns``, as Arrow on the driver (``(columns..., _diff)``, all at ``epoch``); None when
-    not known there (appended files, a feed too large to keep)."""
-    with _MEMO_LOCK:
-        return _changes_memo(spark, source, lower, upper, epoch).net_on(columns)
-
-
 def source_change_arrow(
     spark: SparkSession,
     source: SourceTable,
