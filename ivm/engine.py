@@ -1299,10 +1299,12 @@ class Engine:
         unchanged: frozenset[str] = frozenset(),
     ) -> pa.Table | None:
         """A view's updates in ``(done, target]`` computed by the driver in Arrow
-        (:mod:`ops.local`), consolidated per (data, time) and laid out as its log's rows; None
-        when Spark computes them: the plan keeps state or has an outer or semi-join, an
-        input's change or a lookup's rows are not held by the driver, or an expression is not
-        one the driver evaluates exactly as Spark. Joins run the delta paths of the inputs
+        (:mod:`ops.local`, :mod:`ops.local_reduce`), consolidated per (data, time) and laid
+        out as its log's rows; None when Spark computes them: the plan has an outer or
+        semi-join, a set operation or an aggregate the driver does not compute, an input's
+        change or a lookup's rows are not held by the driver, or an expression is not one the
+        driver evaluates exactly as Spark (a progress line says which). Joins run the delta
+        paths of the inputs
         not ``unchanged`` (:meth:`_unchanged_inputs`), their lookups read by the driver
         (``stats``: per arrangement, as :meth:`_view_updates`).
 
@@ -1337,6 +1339,7 @@ class Engine:
         summed = consolidated_on(updates, [*plan.columns, TIME])
         log_schema = self.table_schema(self.layout.view_log(plan.name))
         if summed is None or not same_columns(summed.schema, log_schema):
+            self.progress(f"{plan.name}: computed by Spark (its updates' types are Spark's)")
             return None
         return summed.cast(log_schema)
 
