@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
-from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
+from ivm.plan.join import ArrangementKey, LookupStage, plan_paths, shared_lookups
 from ops import DIFF, TIME
 from ops.reduce import StateStore, materialize
 from ops.stateless import spark_sql
@@ -174,14 +174,8 @@ def render_join_delta(
         delta = prepare(inp, deltas[inp.get.collection])
         streams.append(delta.withColumn(TIME, F.lit(new).cast("bigint")))
     for depth in range(len(join.inputs) - 1):
-        # The paths advance stage by stage together, so the stages that read one arrangement
-        # at one time share a single lookup (one scan) with the union of their keys.
-        shared: dict[tuple[ArrangementKey, int], list[int]] = {}
-        for i, path in enumerate(paths):
-            stage = path.stages[depth]
-            at = new if stage.as_of == "new" else old
-            shared.setdefault((stage.arrangement, at), []).append(i)
-        for (_, at), users in shared.items():
+        # Stages reading one arrangement at one time share a single lookup (one scan).
+        for (_, at), users in shared_lookups(paths, depth, old, new).items():
             keys = [_stage_keys(streams[i], paths[i].stages[depth]) for i in users]
             # Only the columns these inputs read: the scan decodes no other column.
             read = {c for i in users for c in join.inputs[paths[i].stages[depth].input].get.columns}

@@ -45,7 +45,7 @@ from ivm.plan.ir import (
     TopK,
     UnionAll,
 )
-from ivm.plan.join import ArrangementKey, LookupStage, plan_paths
+from ivm.plan.join import LookupStage, plan_paths, shared_lookups
 from ops import DIFF, TIME
 from ops.stateless import spark_sql
 
@@ -562,12 +562,7 @@ def join_delta_local(
         inp = join.inputs[path.source]
         streams.append(_at(prepare_local(spark, inp, deltas[inp.get.collection]), new))
     for depth in range(len(join.inputs) - 1):
-        shared: dict[tuple[ArrangementKey, int], list[int]] = {}
-        for i, path in enumerate(paths):
-            stage = path.stages[depth]
-            at = new if stage.as_of == "new" else old
-            shared.setdefault((stage.arrangement, at), []).append(i)
-        for (arrangement, at), users in shared.items():
+        for (arrangement, at), users in shared_lookups(paths, depth, old, new).items():
             keys = pa.concat_tables(
                 [
                     streams[i]

@@ -60,25 +60,34 @@ _EPOCH = datetime.date(1970, 1, 1)
 _SEED = 42
 
 
+def _hashed_bytes(t: T.DataType) -> str | None:
+    """How Spark's ``xxhash64`` lays out a value of type ``t``: a ``struct`` format, ``"utf-8"``
+    for a string, or None for a type this module does not hash (Spark's part)."""
+    if isinstance(t, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.DateType)):
+        return "<i"
+    if isinstance(t, T.LongType) or (isinstance(t, T.DecimalType) and t.precision <= 18):
+        return "<q"
+    return "utf-8" if isinstance(t, T.StringType) else None
+
+
 def spark_xxhash64(value: Any, t: T.DataType) -> int:
     """Spark's ``xxhash64(value)`` of one value of type ``t``, as a signed long: XXH64 with
     seed 42 over the value's little-endian bytes as Spark lays them out (an int or a date as 4
     bytes, a long or a decimal of up to 18 digits' unscaled value as 8, a string's UTF-8
     bytes); NULL hashes to the seed. Other types raise NotOnDriver."""
+    layout = _hashed_bytes(t)
+    if layout is None:
+        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
     if value is None:
         return _SEED
-    if isinstance(t, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType)):
-        data = struct.pack("<i", int(value))
-    elif isinstance(t, T.DateType):
-        data = struct.pack("<i", (value - _EPOCH).days)
-    elif isinstance(t, T.LongType):
-        data = struct.pack("<q", value)
-    elif isinstance(t, T.DecimalType) and t.precision <= 18:
-        data = struct.pack("<q", int(value.scaleb(t.scale, context=_EXACT)))
-    elif isinstance(t, T.StringType):
+    if layout == "utf-8":
         data = value.encode("utf-8")
+    elif isinstance(t, T.DateType):
+        data = struct.pack(layout, (value - _EPOCH).days)
+    elif isinstance(t, T.DecimalType):
+        data = struct.pack(layout, int(value.scaleb(t.scale, context=_EXACT)))
     else:
-        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
+        data = struct.pack(layout, int(value))
     h = xxhash.xxh64_intdigest(data, seed=_SEED)
     return h - (1 << 64) if h >> 63 else h
 
@@ -239,7 +248,9 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
         elif b.kind == "hierarchical":
             if b.levels == 0:
                 raise NotOnDriver("MIN/MAX of an append-only input is computed by Spark")
-            _hashable(types[b.value or ""])
+            t = types[b.value or ""]
+            if _hashed_bytes(t) is None:
+                raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
         else:
             raise NotOnDriver(f"{b.kind} aggregates are computed by Spark")
         if b.distinct and b.kind != "accumulable":
@@ -247,14 +258,6 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
     for t in types.values():
         if isinstance(t, (T.FloatType, T.DoubleType)):
             raise NotOnDriver("floating-point columns are summed by Spark")
-
-
-def _hashable(t: T.DataType) -> None:
-    ok = isinstance(t, (T.BooleanType, *_INTEGRAL, T.DateType, T.StringType)) or (
-        isinstance(t, T.DecimalType) and t.precision <= 18
-    )
-    if not ok:
-        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
 
 
 def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:

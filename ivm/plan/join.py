@@ -18,7 +18,7 @@ join's change; every output update carries time ``new`` and diff = product of it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -143,3 +143,17 @@ def arrangement_needs(
     for path in plan_paths(join, view):
         for stage in path.stages:
             yield stage.arrangement, join.inputs[stage.input].get.columns
+
+
+def shared_lookups(
+    paths: Sequence[DeltaPath], depth: int, old: int, new: int
+) -> dict[tuple[ArrangementKey, int], list[int]]:
+    """The paths advance stage by stage together, so the stages at ``depth`` that read one
+    arrangement at one time share a single lookup with the union of their keys:
+    ``(arrangement, time) -> indexes of the paths`` whose stage reads it."""
+    shared: dict[tuple[ArrangementKey, int], list[int]] = {}
+    for i, path in enumerate(paths):
+        stage = path.stages[depth]
+        at = new if stage.as_of == "new" else old
+        shared.setdefault((stage.arrangement, at), []).append(i)
+    return shared
