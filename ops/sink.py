@@ -471,15 +471,15 @@ def _kept_copies(
     ``(columns..., _diff)``, negative diffs), the copies to write back (``held - deleted`` of
     each; None when none), and the first row deleted more times than held, as
     ``(multiplicity, row)``."""
-    repeat: list[int] = []
-    for i, d in enumerate(deletes.column(DIFF).to_pylist()):
-        left = held[i] + d
-        if left < 0:
-            return None, (left, {c: deletes.column(c)[i].as_py() for c in columns})
-        repeat += [i] * left
-    return (
-        deletes.select(list(columns)).take(pa.array(repeat, pa.int64())) if repeat else None
-    ), None
+    left = np.asarray(held, dtype=np.int64) + deletes.column(DIFF).to_numpy()
+    short = np.flatnonzero(left < 0)
+    if len(short):
+        i = int(short[0])
+        return None, (int(left[i]), {c: deletes.column(c)[i].as_py() for c in columns})
+    if not left.any():
+        return None, None
+    repeat = pa.array(np.repeat(np.arange(len(left)), left), pa.int64())
+    return deletes.select(list(columns)).take(repeat), None
 
 
 def _rows_after(
@@ -620,7 +620,7 @@ def _rewrite_by_driver(
     diffs = change.column(DIFF)
     deletes = change.filter(pc.less(diffs, 0))
     wanted = deletes.select(list(columns)).cast(schema)
-    held = [0] * deletes.num_rows
+    held = np.zeros(deletes.num_rows, dtype=np.int64)
     staged_uri = staging_uri(table_uri, epoch, "rows")
     replaced: list[DataFile] = []
     for f in candidates:  # one file's rows at a time; what a refused change staged, vacuum removes
@@ -630,10 +630,10 @@ def _rewrite_by_driver(
         pairs = null_safe_matches(rows, wanted, columns)
         if not pairs.num_rows:
             continue
-        for i in pairs.column("_key").to_pylist():
-            held[i] += 1
-        hit = pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=pairs.column("_row"))
-        kept = rows.filter(pc.invert(hit))
+        held += np.bincount(pairs.column("_key").to_numpy(), minlength=len(held))
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[pairs.column("_row").to_numpy()] = False
+        kept = rows.filter(pa.array(keep))
         if kept.num_rows:
             _keep_written(stage_arrow(staged_uri, kept), schema, kept)
         replaced.append(f)

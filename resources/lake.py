@@ -41,6 +41,7 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema, write_deltalake
@@ -706,6 +707,7 @@ def stage_arrow(
         options["max_rows_per_page"] = rows_per_page
     if page_bytes is not None:
         options["data_page_size"] = page_bytes
+    dictionary, delta = column_encodings(table)
     pq.write_table(
         table,
         path,
@@ -715,9 +717,40 @@ def stage_arrow(
         write_page_index=True,
         store_schema=False,
         store_decimal_as_integer=True,
+        use_dictionary=dictionary,
+        column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED") or None,
         **options,
     )
     return path if isinstance(fs, pafs.LocalFileSystem) else None
+
+
+DICTIONARY_SAMPLE_ROWS = 10_000
+"""How many leading rows of a column :func:`column_encodings` counts the distinct values of."""
+
+
+def column_encodings(table: pa.Table) -> tuple[list[str], list[str]]:
+    """The columns of a file the driver writes to encode with a dictionary, and the integer
+    columns to encode as deltas (``DELTA_BINARY_PACKED``, read by Spark's vectorized reader,
+    arrow-rs, DuckDB and Trino). A column whose first :data:`DICTIONARY_SAMPLE_ROWS` rows
+    hold few distinct values (at most one in eight) gets a dictionary, as Spark's writer
+    would keep one; the others are written plain (integers as deltas) rather than trying a
+    dictionary and falling back. A rewrite of SF3 ``open_orders`` (2.2M rows, two integer
+    columns, a decimal, a date, a string): 0.40s and 22 MiB with a dictionary tried on
+    every column, 0.21-0.25s and 17-18 MiB this way (``/tmp/s16/w3.py`` in issue 6's notes).
+    """
+    dictionary: list[str] = []
+    delta: list[str] = []
+    sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
+    for field_ in table.schema:
+        t = field_.type
+        if pa.types.is_nested(t) or pa.types.is_null(t):
+            continue  # written plain
+        values = sample.column(field_.name)
+        if len(values) and pc.count_distinct(values).as_py() * 8 <= len(values):
+            dictionary.append(field_.name)
+        elif pa.types.is_integer(t):
+            delta.append(field_.name)
+    return dictionary, delta
 
 
 def collect_staged(table_uri: str, staged_uri: str) -> StagedFiles:

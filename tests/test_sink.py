@@ -8,12 +8,13 @@ rewritten by Spark; sized and rewritten by the driver (``DRIVER_REWRITE_ROWS``).
 from __future__ import annotations
 
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 import ops.sink
 from ivm.errors import InvariantViolation
@@ -273,6 +274,53 @@ def test_a_small_write_by_the_driver_is_what_spark_writes(spark, tmp_path: Path)
     assert read[0].schema == read[1].schema  # Spark reads files' columns as nullable
     assert read[1].schema.simpleString() == updates.schema.simpleString()
     assert read[0].exceptAll(read[1]).count() == read[1].exceptAll(read[0]).count() == 0
+
+
+def test_the_driver_chooses_each_columns_encoding_and_every_reader_decodes_it(
+    spark, tmp_path: Path
+) -> None:
+    """Few distinct values: a dictionary; many: plain, integers as deltas. Spark, DuckDB
+    and delta-rs read the file back as written."""
+    import duckdb
+
+    from resources.lake import collect_staged, commit_files, stage_arrow, staging_uri
+
+    n = 30_000
+    rows = pa.table(
+        {
+            "key": pa.array(range(n), pa.int64()),  # sorted, distinct
+            "shuffled": pa.array([(i * 7919) % n - n // 2 for i in range(n)], pa.int32()),
+            "small": pa.array([i % 5 for i in range(n)], pa.int64()),
+            "status": pa.array([None if i % 11 == 0 else "OF"[i % 2] for i in range(n)]),
+            "comment": pa.array([f"c{i * 31}" for i in range(n)]),
+            "price": pa.array([Decimal(i) / 100 for i in range(n)], pa.decimal128(12, 2)),
+        }
+    )
+    table = str(tmp_path / "table")
+    staged = staging_uri(table, 1, "rows")
+    path = stage_arrow(staged, rows)
+    assert path is not None
+    commit_files(
+        table, app_id="t", epoch=1, schema=rows.schema, adds=collect_staged(table, staged).adds
+    )
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(6)}
+    assert "DELTA_BINARY_PACKED" in encodings["key"]
+    assert "DELTA_BINARY_PACKED" in encodings["shuffled"]
+    for dictionary in ("small", "status"):
+        assert "RLE_DICTIONARY" in encodings[dictionary], encodings
+    for plain in ("comment", "price"):
+        assert "RLE_DICTIONARY" not in encodings[plain] and "PLAIN" in encodings[plain]
+
+    expected = Counter(tuple(r.values()) for r in rows.to_pylist())
+    by_spark = spark.read.parquet(path).collect()
+    assert Counter(tuple(r) for r in by_spark) == expected
+    by_duckdb = duckdb.connect().sql(f"SELECT * FROM read_parquet('{path}')").fetchall()
+    assert Counter(by_duckdb) == expected
+    by_delta_rs = QueryBuilder().register("t", DeltaTable(table)).execute("SELECT * FROM t")
+    assert (
+        Counter(tuple(r.values()) for r in pa.table(by_delta_rs.read_all()).to_pylist()) == expected
+    )
 
 
 def test_a_small_write_that_is_not_small_is_written_by_spark(
