@@ -37,7 +37,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.ingest import read_file_rows, read_files
-from ops.rows import semi_join_null_safe
+from ops.rows import SortedKey, semi_join_null_safe
 from ops.sink import append_updates, commit_staged, exact_types, spark_order
 from resources.faults import crash_point
 from resources.filecache import FILES
@@ -103,7 +103,7 @@ class LookupStats:
     rows_in_opened_files: int = 0
     rows_total: int = 0
     rows_scanned: int = 0  # by Spark only when asked (it costs a pass); the driver's decodes
-    rows_in_memory: int = 0  # probed in the driver's memory (resources.filecache)
+    rows_in_memory: int = 0  # visited in the driver's memory (resources.filecache)
 
     def add(self, other: LookupStats) -> None:
         for f in self.__dataclass_fields__:
@@ -528,7 +528,11 @@ def _probed(
     """The rows of ``files`` (read with ``types``) with ``_time`` at most ``as_of`` whose
     every key column holds one of the values ``found`` has in that column (NULL among them
     if ``found`` has one): a superset of the rows matching a row of ``found``. A file the
-    cache holds or would keep is probed in memory (decoded whole on its first read); the
+    cache holds or would keep is probed in memory (decoded whole on its first read): by
+    binary search of its key columns, sorted in every file the engine writes
+    (:class:`ops.rows.SortedKey`, checked once per file; a file not so sorted is probed
+    row by row), so a warm lookup costs the keys and the rows holding them, not the file's
+    rows (``rows_in_memory`` counts the rows visited). The
     others' row groups whose statistics admit the keys are decoded (Arrow's scan), only
     ``columns`` of them when given (the files held keep every column: lookups share them)."""
     values = {c: pc.unique(found.column(c)) for c in found.column_names}
@@ -553,13 +557,18 @@ def _probed(
         read = schema_of(types, columns or types.names)
         for batch in dataset.to_batches(columns=read.names, filter=condition):
             yield pa.Table.from_batches([batch.cast(read)])
+    key = tuple(found.column_names)
     for f in held:
         path = local_path(f.uri)
         table, decoded = FILES.read(path, types)
         if decoded:
             count_driver_read(path, table.num_rows)
+        whole = table.num_rows
+        index = FILES.derived(path, types, ("sorted", key), lambda rows: SortedKey.of(rows, key))
+        if index is not None:  # the rows holding the keys only
+            table = table.take(index.positions(found))
         if stats is not None:
-            stats.rows_scanned += table.num_rows if decoded else 0
+            stats.rows_scanned += whole if decoded else 0
             stats.rows_in_memory += 0 if decoded else table.num_rows
         hit = pc.less_equal(table.column(TIME), as_of)
         for c, v in values.items():

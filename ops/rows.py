@@ -3,13 +3,20 @@
 Contract: :func:`null_safe_matches` pairs each row of ``rows`` with the rows of ``keys``
 whose ``columns`` equal it, NULL equal to NULL (the grouping semantics Spark's ``<=>`` and
 ``GROUP BY`` share), so an update ``(data, time, diff)`` can be found among stored rows by its
-data however many NULLs it holds. It reads no time or diff: callers sum or check those.
+data however many NULLs it holds. :class:`SortedKey` finds the rows holding given keys in a
+file stored sorted by them (an arrangement's, a state table's) by binary search, in time
+proportional to the keys and the rows found, not to the file. Neither reads time or diff:
+callers filter, sum or check those.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -60,8 +67,8 @@ def _pairs(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
             fill = present[0]
             left[f"_k{i}"], right[f"_k{i}"] = pc.fill_null(a, fill), pc.fill_null(b, fill)
             on.append(f"_k{i}")
-    probe = pa.table(left).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
-    build = pa.table(right).append_column("_key", pa.array(range(keys.num_rows), pa.int64()))
+    probe = pa.table(left).append_column("_row", pa.array(np.arange(rows.num_rows)))
+    build = pa.table(right).append_column("_key", pa.array(np.arange(keys.num_rows)))
     pairs = probe.join(build, keys=on, join_type="inner", use_threads=False)
     return pairs.select(["_row", "_key"]).sort_by("_row")
 
@@ -72,3 +79,168 @@ def semi_join_null_safe(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) 
     if rows.num_rows == 0 or keys.num_rows == 0:
         return rows.slice(0, 0)
     return rows.take(pc.unique(null_safe_matches(rows, keys, columns).column("_row")))
+
+
+NARROW_ENOUGH_ROWS = 4_096
+NARROW_ENOUGH_PER_KEY = 4
+""":meth:`SortedKey.positions` stops descending into the key's next column once the rows
+left are at most :data:`NARROW_ENOUGH_ROWS`, or this many per wanted key: the caller's test
+of every key column on so few rows costs less than another level of searches."""
+
+
+@dataclass(frozen=True)
+class SortedKey:
+    """Key columns stored in ascending order, each with its NULLs first within equal values
+    of the columns before it, as every file of an arrangement or a state table holds its
+    key (Spark's and the driver's writes sort by the key): :meth:`positions` finds the rows
+    holding given keys by binary search, column after column. Build it with :meth:`of`,
+    which checks the order (once per file: the driver's cache keeps it with the decoded
+    rows, :meth:`resources.filecache.FileCache.derived`)."""
+
+    columns: tuple[pa.Array, ...]
+    numbers: tuple[np.ndarray | None, ...]  # each column as numpy (integers, dates), or None
+
+    @staticmethod
+    def of(table: pa.Table, key: Sequence[str]) -> SortedKey | None:
+        """The index of ``table``'s ``key`` columns, or None when they are not in that
+        order or a column's type is not ordered alike by Arrow, numpy and Python (floating
+        point: NaN, -0.0)."""
+        columns = tuple(table.column(c).combine_chunks() for c in key)
+        if not all(_ordered_alike(c.type) for c in columns):
+            return None
+        if table.num_rows > 1 and not _ascending(columns):
+            return None
+        numbers = tuple(_numbers(c) for c in columns)
+        return SortedKey(columns, numbers)
+
+    def positions(self, wanted: pa.Table) -> np.ndarray:
+        """Ascending positions (int64) of a superset of the rows whose key equals a row of
+        ``wanted`` (its columns in the key's order, NULL equal to NULL): exact in the
+        columns searched, which stop once few rows are left (:data:`NARROW_ENOUGH_ROWS`)."""
+        n = len(self.columns[0])
+        alive = np.arange(wanted.num_rows)  # the wanted keys whose range is not empty
+        lo = np.zeros(wanted.num_rows, dtype=np.int64)
+        hi = np.full(wanted.num_rows, n, dtype=np.int64)
+        for j, column in enumerate(self.columns):
+            enough = max(NARROW_ENOUGH_ROWS, NARROW_ENOUGH_PER_KEY * len(lo))
+            if not len(lo) or _spanned(lo, hi) <= enough:
+                break
+            values = wanted.column(j).combine_chunks().cast(column.type)
+            # each range left, its wanted values at once (grouped first: a range narrowed
+            # to nothing may start where the next one does)
+            order = np.argsort(lo, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(lo[order])) + 1)
+            for at in groups:
+                start, end = int(lo[at[0]]), int(hi[at[0]])
+                lo[at], hi[at] = self._within(j, start, end, values.take(alive[at]))
+            found = hi > lo
+            alive, lo, hi = alive[found], lo[found], hi[found]
+        if not len(lo):
+            return np.zeros(0, dtype=np.int64)
+        lo, first = np.unique(lo, return_index=True)
+        return _ranges(lo, hi[first])
+
+    def _within(self, j: int, lo: int, hi: int, values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """The range of each of ``values`` among rows ``[lo, hi)`` of key column ``j``
+        (sorted there, NULLs first)."""
+        column = self.columns[j]
+        nulls = column.slice(lo, hi - lo).null_count
+        start = lo + nulls
+        out_lo = np.full(len(values), lo, dtype=np.int64)
+        out_hi = np.full(len(values), start, dtype=np.int64)  # NULL: the leading NULLs
+        present = np.flatnonzero(np.asarray(values.is_valid()))
+        if not len(present) or start == hi:
+            out_hi[present] = lo
+            return out_lo, out_hi
+        probe = values.take(present)
+        distinct = pc.unique(probe)
+        numbers = self.numbers[j]
+        if numbers is not None:
+            keys = _numbers(distinct)
+            assert keys is not None
+            lows = np.searchsorted(numbers[start:hi], keys, "left") + start
+            highs = np.searchsorted(numbers[start:hi], keys, "right") + start
+        else:  # each distinct value once: Python compares
+            items = _Items(column)
+            keys_py = distinct.to_pylist()
+            lows = np.array([bisect_left(items, k, start, hi) for k in keys_py], np.int64)
+            highs = np.array([bisect_right(items, k, start, hi) for k in keys_py], np.int64)
+        which = pc.index_in(probe, value_set=distinct).to_numpy()
+        out_lo[present], out_hi[present] = lows[which], highs[which]
+        return out_lo, out_hi
+
+
+def _ordered_alike(t: pa.DataType) -> bool:
+    """Whether Arrow's order of ``t``'s values is numpy's and Python's."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_date(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_boolean(t)
+    )
+
+
+def _ascending(columns: Sequence[pa.Array]) -> bool:
+    """Whether every row's key is at most the next row's: column by column, NULL first."""
+    ok = None
+    for column in reversed(columns):
+        a, b = column.slice(0, len(column) - 1), column.slice(1)
+        a_null, b_null = pc.is_null(a), pc.is_null(b)
+        both = pc.and_(pc.invert(a_null), pc.invert(b_null))
+        less = pc.or_(
+            pc.and_(a_null, pc.invert(b_null)), pc.fill_null(pc.and_(both, pc.less(a, b)), False)
+        )
+        equal = pc.or_(pc.and_(a_null, b_null), pc.fill_null(pc.and_(both, pc.equal(a, b)), False))
+        ok = pc.or_(less, equal) if ok is None else pc.or_(less, pc.and_(equal, ok))
+    return ok is None or bool(pc.all(ok).as_py())
+
+
+def _spanned(lo: np.ndarray, hi: np.ndarray) -> int:
+    """Rows in the distinct ranges ``[lo[i], hi[i])`` (equal ``lo``, equal range)."""
+    lo, first = np.unique(lo, return_index=True)
+    return int((hi[first] - lo).sum())
+
+
+def _numbers(values: pa.Array) -> np.ndarray | None:
+    """``values`` as a numpy array of integers ordered as Arrow orders them (NULLs as 0:
+    never searched, they lead each range), or None for types that are not integers."""
+    t = values.type
+    if pa.types.is_date32(t):
+        values = values.cast(pa.int32())
+    elif pa.types.is_date64(t) or pa.types.is_timestamp(t):
+        values = values.cast(pa.int64())
+    elif not pa.types.is_integer(t):
+        return None
+    if values.null_count:
+        values = values.fill_null(0)
+    return values.to_numpy(zero_copy_only=False)
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The positions ``lo[i] <= p < hi[i]`` of every ``i``, in order (ranges disjoint and
+    ascending)."""
+    counts = (hi - lo).astype(np.int64)
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(lo.astype(np.int64) - (np.cumsum(counts) - counts), counts)
+    return starts + np.arange(total, dtype=np.int64)
+
+
+class _Items:
+    """An Arrow array as a sequence of Python values, for :mod:`bisect`: Python orders
+    strings by code point, which is UTF-8's byte order (Arrow's), and decimals, dates and
+    bytes as Arrow does."""
+
+    def __init__(self, values: pa.Array) -> None:
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, i: int) -> Any:
+        return self._values[i].as_py()

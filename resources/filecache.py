@@ -35,8 +35,9 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,6 +107,7 @@ class FileCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._loading: dict[_Key, threading.Lock] = {}
+        self._derived: dict[_Key, dict[Hashable, Any]] = {}  # per entry: see derived()
         self.stats = CacheStats()
 
     @property
@@ -190,6 +192,28 @@ class FileCache:
         with self._lock:
             return key in self._entries or self._admit(key, table)
 
+    def derived(
+        self, path: str, schema: pa.Schema, name: Hashable, make: Callable[[pa.Table], Any]
+    ) -> Any:
+        """``make(rows)`` of a file held with ``schema`` (an index of a column: the file's
+        rows never change), computed on the first call and kept with the entry until it
+        leaves; None when the file is not held. What it keeps is not counted in the budget:
+        a few bytes per row at most (:class:`ops.rows.SortedKey` views the rows' own
+        buffer for 64-bit integers without NULLs)."""
+        key = _key(path, schema)
+        with self._lock:
+            table = self._entries.get(key) if key is not None else None
+            if table is None or key is None:
+                return None
+            known = self._derived.get(key, {})
+            if name in known:
+                return known[name]
+        value = make(table)
+        with self._lock:
+            if key in self._entries:
+                self._derived.setdefault(key, {})[name] = value
+        return value
+
     def discard(self, paths: Iterable[str]) -> None:
         """Drop the entries of ``paths`` (files their table no longer has)."""
         gone = set(paths)
@@ -225,6 +249,7 @@ class FileCache:
     def _drop(self, key: _Key) -> None:
         self._bytes -= self._entries.pop(key).nbytes
         del self._read_at[key]
+        self._derived.pop(key, None)
         self.stats.evictions += 1
 
     def _evict_over(self, limit: int, idle_only: bool = False) -> None:

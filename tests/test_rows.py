@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import random
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
@@ -37,3 +39,99 @@ def test_null_safe_matches_pairs_equal_rows_nulls_included(monkeypatch, prefilte
             if r == k
         ]
         assert sorted(found) == expected
+
+
+_VALUES = {
+    "int64": (pa.int64(), lambda r: r.randint(-50, 50)),
+    "int32": (pa.int32(), lambda r: r.randint(-5, 5)),
+    "string": (pa.string(), lambda r: r.choice(["", "a", "ab", "b", "é", "z", "ü", "\U0001f600"])),
+    "decimal": (pa.decimal128(12, 2), lambda r: Decimal(r.randint(-999, 999)) / 100),
+    "date": (pa.date32(), lambda r: date(1995, 1, 1) + timedelta(days=r.randint(0, 40))),
+    "timestamp": (
+        pa.timestamp("us", tz="UTC"),
+        lambda r: datetime(2020, 1, 1, tzinfo=UTC) + timedelta(microseconds=r.randint(0, 99)),
+    ),
+    "boolean": (pa.bool_(), lambda r: r.random() < 0.5),
+}
+
+
+def _sorted_table(rng: random.Random, kinds: list[str], n: int) -> pa.Table:
+    """``n`` rows of random values of ``kinds`` (NULLs among them), sorted as the engine
+    writes files: ascending, NULLs first, column after column."""
+    columns = {
+        f"c{i}": pa.array(
+            [None if rng.random() < 0.1 else _VALUES[k][1](rng) for _ in range(n)], _VALUES[k][0]
+        )
+        for i, k in enumerate(kinds)
+    }
+    table = pa.table(columns)
+    return table.sort_by([(c, "ascending", "at_start") for c in columns])
+
+
+def _wanted(rng: random.Random, kinds: list[str], table: pa.Table) -> pa.Table:
+    """Some of ``table``'s keys and some drawn at random (absent, most of them)."""
+    n = rng.randint(0, 8)
+    drawn = {
+        f"c{i}": pa.array(
+            [None if rng.random() < 0.2 else _VALUES[k][1](rng) for _ in range(n)], _VALUES[k][0]
+        )
+        for i, k in enumerate(kinds)
+    }
+    present = (
+        table.take([rng.randrange(table.num_rows) for _ in range(3)]) if table.num_rows else None
+    )
+    drawn_table = pa.table(drawn, schema=table.schema)
+    return pa.concat_tables([drawn_table, present]) if present is not None else drawn_table
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [[k] for k in sorted(_VALUES)]
+    + [["string", "int64", "date"], ["boolean", "decimal", "timestamp"]],
+    ids=lambda kinds: "+".join(kinds),
+)
+def test_a_sorted_key_finds_the_rows_holding_keys_as_a_scan_would(
+    monkeypatch, kinds: list[str]
+) -> None:
+    """Binary search over key columns sorted as the engine writes them finds exactly the
+    rows equal to a wanted key (NULL equal to NULL) that a test of every row finds, of every
+    ordered type, one column or several; stopped early, a superset of them."""
+    rng = random.Random(11)
+    for exact in (True, False):
+        if exact:
+            monkeypatch.setattr(rows, "NARROW_ENOUGH_ROWS", 0)
+            monkeypatch.setattr(rows, "NARROW_ENOUGH_PER_KEY", 0)
+        else:
+            monkeypatch.setattr(rows, "NARROW_ENOUGH_ROWS", 5)
+            monkeypatch.setattr(rows, "NARROW_ENOUGH_PER_KEY", 1)
+        for _ in range(80):
+            table = _sorted_table(rng, kinds, rng.choice([0, 1, 7, 300]))
+            chunked = pa.concat_tables([table.slice(0, 3), table.slice(3)])
+            index = rows.SortedKey.of(chunked, table.column_names)
+            assert index is not None
+            wanted = _wanted(rng, kinds, table)
+            expected = set(
+                rows.null_safe_matches(table, wanted, table.column_names).column("_row").to_pylist()
+            )
+            got = index.positions(wanted).tolist()
+            assert got == sorted(set(got))  # ascending, each once
+            if exact:
+                assert set(got) == expected
+            else:
+                assert expected <= set(got)
+
+
+def test_keys_out_of_order_or_of_floats_have_no_index() -> None:
+    """The order is checked, not assumed, on every column; floating point (NaN, -0.0) is
+    never searched."""
+
+    def of(**columns: list) -> rows.SortedKey | None:
+        return rows.SortedKey.of(pa.table(columns), list(columns))
+
+    assert of(a=[1, 3, 2]) is None
+    assert of(a=[1, None, 2]) is None  # a NULL after a value
+    assert of(a=["b", "a"]) is None
+    assert of(a=[0.5, 1.5]) is None
+    assert of(a=[1, 1, 2], b=["x", "a", "a"]) is None  # the second column, within equal firsts
+    assert of(a=[1, 1, 2], b=["x", None, "a"]) is None
+    assert of(a=[None, None, 1, 1, 2], b=[None, "a", None, "b", "a"]) is not None
