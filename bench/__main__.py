@@ -607,8 +607,9 @@ def _scan_table(results: list[ScaleResult]) -> list[str]:
         "read-once lookups open and the small state tables it reads, are counted with them), "
         "against Spark recomputing every view from the sources. Rows a lookup probes in the "
         "driver's memory (files an earlier lookup of the process decoded, `[refresh] cache_mb`) "
-        "are read from no file; the last column counts them. Neither are the files of the "
-        "readable tables the driver rewrites once it holds them (those it wrote the refresh "
+        "are read from no file; the last column counts the rows those probes visit (by binary "
+        "search of each file's sorted key: the keys' rows, not the files'). Neither are the "
+        "files of the readable tables the driver rewrites once it holds them (those it wrote the refresh "
         "before): their rows are in the per-view table below:",
         "",
         "| SF | "
