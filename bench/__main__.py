@@ -609,8 +609,8 @@ def _scan_table(results: list[ScaleResult]) -> list[str]:
         "driver's memory (files an earlier lookup of the process decoded, `[refresh] cache_mb`) "
         "are read from no file; the last column counts the rows those probes visit (by binary "
         "search of each file's sorted key: the keys' rows, not the files'). Neither are the "
-        "files of the readable tables the driver rewrites once it holds them (those it wrote the refresh "
-        "before): their rows are in the per-view table below:",
+        "files of the readable tables the driver rewrites once it holds them (those it wrote "
+        "the refresh before): their rows are in the per-view table below:",
         "",
         "| SF | "
         + " | ".join(AREAS)
