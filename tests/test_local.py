@@ -4,6 +4,7 @@ the same types for every expression it evaluates, and NotOnDriver for what it le
 from __future__ import annotations
 
 import datetime
+import json
 import random
 from decimal import Decimal
 
@@ -13,6 +14,7 @@ import sqlglot
 
 from ivm.errors import NotOnDriver
 from ivm.sql.parse import DIALECT
+from ops import local
 from ops.local import Evaluator, render_local
 from ops.stateless import spark_sql
 
@@ -122,6 +124,49 @@ def test_what_the_driver_cannot_match_is_left_to_spark(spark, rows, sql):
     e = sqlglot.parse_one(sql, read=DIALECT)
     with pytest.raises(NotOnDriver):
         Evaluator(spark, rows, [e]).column(e)
+
+
+def test_expression_types_are_kept_for_the_next_process(spark, rows, tmp_path, monkeypatch):
+    """A process records under the lake the types Spark gave the driver's expressions; the
+    next one (its caches empty) reads them instead of asking Spark, and computes the same
+    values. A record made by another Spark version or typing settings is not used."""
+    root = str(tmp_path)
+    exprs = [
+        sqlglot.parse_one(sql, read=DIALECT)
+        for sql in ("price * (1 - disc)", "qty + 1", "upper(seg)", "day < DATE '1996-01-01'")
+    ]
+    analyses: list[object] = []
+    real = spark.createDataFrame
+
+    def counted(*args, **kwargs):
+        analyses.append(args)
+        return real(*args, **kwargs)
+
+    def new_process() -> list[pa.Array]:
+        monkeypatch.setattr(local, "_TYPES", {})
+        monkeypatch.setattr(local, "_TYPES_LOADED", set())
+        monkeypatch.setattr(local, "_TYPES_SAVED", {})
+        analyses.clear()
+        local.load_types(spark, root)
+        monkeypatch.setattr(spark, "createDataFrame", counted)
+        try:
+            evaluator = Evaluator(spark, rows, exprs)
+            columns = [evaluator.column(e) for e in exprs]
+        finally:
+            monkeypatch.setattr(spark, "createDataFrame", real)
+        local.save_types(spark, root)
+        return columns
+
+    first = new_process()
+    assert len(analyses) == 1  # one analysis of every expression
+    record = tmp_path / local.TYPES_RECORD
+    assert record.exists()
+    assert new_process() == first and not analyses  # read, not analysed
+    written = json.loads(record.read_text())
+    written["typing"]["version"] = "0.0.1"
+    record.write_text(json.dumps(written))
+    assert new_process() == first and len(analyses) == 1  # analysed again
+    assert json.loads(record.read_text())["typing"]["version"] == spark.version
 
 
 def test_union_all_widens_numbers_as_spark(spark):
