@@ -1311,7 +1311,7 @@ class Engine:
         The caller has checked that the inputs' change is small (:meth:`small_change`)."""
         from ops import TIME
         from ops.ingest import consolidated_on
-        from ops.local import load_types, normalized_floats, on_driver, render_local, save_types
+        from ops.local import normalized_floats, on_driver, render_local, types_recorded
         from ops.sink import same_columns
 
         if not (self._driver_computes() and on_driver(plan.root)):
@@ -1326,19 +1326,18 @@ class Engine:
 
             store = self._state_store(plan, done, target, stats, small=True)
             stateful = partial(stateful_local, store=store)
-        load_types(self.spark, self.layout.root)  # what earlier processes analysed
         try:
-            inputs = {
-                coll: self._arrow_updates(coll, done, target, self._input_columns(plan, coll))
-                for coll in plan.inputs
-            }
-            crash_point("ingest")
-            updates = normalized_floats(render_local(self.spark, plan.root, inputs, join, stateful))
+            with types_recorded(self.spark, self.layout.root):
+                inputs = {
+                    coll: self._arrow_updates(coll, done, target, self._input_columns(plan, coll))
+                    for coll in plan.inputs
+                }
+                crash_point("ingest")
+                updates = render_local(self.spark, plan.root, inputs, join, stateful)
+            updates = normalized_floats(updates)
         except NotOnDriver as why:
             self.progress(f"{plan.name}: computed by Spark ({why})")
             return None
-        finally:
-            save_types(self.spark, self.layout.root)
         summed = consolidated_on(updates, [*plan.columns, TIME])
         log_schema = self.table_schema(self.layout.view_log(plan.name))
         if summed is None or not same_columns(summed.schema, log_schema):
@@ -1380,27 +1379,25 @@ class Engine:
         ``by_driver``); ``by_spark`` renders the joins the driver cannot."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from ops.local import load_types, on_driver, save_types
+        from ops.local import on_driver, types_recorded
 
         local = self._driver_join(done, target, stats, unchanged)
 
         def render_join(node, deltas):
             if on_driver(node):
-                load_types(self.spark, self.layout.root)
                 try:
-                    colls = {inp.get.collection for inp in node.inputs}
-                    inputs = {
-                        c: self._arrow_updates(c, done, target, self._input_columns(plan, c))
-                        for c in colls
-                    }
-                    table = local(node, inputs)
+                    with types_recorded(self.spark, self.layout.root):
+                        colls = {inp.get.collection for inp in node.inputs}
+                        inputs = {
+                            c: self._arrow_updates(c, done, target, self._input_columns(plan, c))
+                            for c in colls
+                        }
+                        table = local(node, inputs)
                     if by_driver is not None:
                         by_driver.append("join")
                     return self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
                 except NotOnDriver as why:
                     self.progress(f"{plan.name}: a join computed by Spark ({why})")
-                finally:
-                    save_types(self.spark, self.layout.root)
             return by_spark(node, deltas)
 
         return render_join

@@ -26,7 +26,8 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from decimal import Decimal
 
 import pyarrow as pa
@@ -156,6 +157,17 @@ def load_types(spark, root: str) -> None:
         for key, typ in entries.items():
             _TYPES.setdefault(key, typ)
         _TYPES_SAVED[root] = len(_TYPES)
+
+
+@contextmanager
+def types_recorded(spark, root: str) -> Iterator[None]:
+    """Around the driver's evaluation: the lake's record of expression types read before
+    (:func:`load_types`), what was learnt written back after (:func:`save_types`)."""
+    load_types(spark, root)
+    try:
+        yield
+    finally:
+        save_types(spark, root)
 
 
 def save_types(spark, root: str) -> None:

@@ -716,6 +716,8 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
                 assert v.computed_by == "driver", v
             assert v.metadata()["spark_jobs"] == v.spark_jobs
         assert {v.view for v in report.views if v.computed_by == "spark"} >= {"sums"}
+        # the types Spark gave the driver's expressions, kept for the next process
+        assert (Path(engine.layout.root) / "_ivm" / "expression_types.json").exists()
         counts.append({v.view: v.spark_jobs for v in report.views})
         assert_correct(engine)
     assert counts[0] == counts[1]
