@@ -170,3 +170,21 @@ def test_files_gone_from_their_table_are_forgotten_refused_ones_too(tmp_path) ->
     cache.read(big, SCHEMA)
     cache.discard([small, big])
     assert not cache.holds(small, SCHEMA) and not cache._refused and cache.held_bytes == 0
+
+
+def test_a_file_is_decoded_into_one_chunk_per_column_in_the_schema_asked(tmp_path) -> None:
+    """Lookups find rows by position (binary search, then ``take``), which over a column of
+    several chunks costs the column's rows: a decoded file is one chunk per column, whether
+    it holds one row group or several."""
+    n = 300_000  # more than one batch of Arrow's dataset scan (128Ki rows)
+    rows = pa.table({"s": [f"v{i % 977}" for i in range(n)], "k": pa.array(range(n), pa.int32())})
+    wanted = pa.schema([("k", pa.int64()), ("s", pa.string())])  # reordered, widened
+    for groups in (1, 3):
+        path = str(tmp_path / f"g{groups}.parquet")
+        pq.write_table(rows, path, row_group_size=-(-n // groups))
+        assert pq.ParquetFile(path).metadata.num_row_groups == groups
+        assert pq.read_table(path).column("k").num_chunks > 1  # what the scan would hand over
+        decoded, fresh = FileCache(1 << 30).read(path, wanted)
+        assert fresh and decoded.schema == wanted
+        assert [c.num_chunks for c in decoded.columns] == [1, 1]
+        assert decoded.equals(rows.select(["k", "s"]).cast(wanted))
