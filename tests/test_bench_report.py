@@ -50,10 +50,11 @@ def test_the_report_splits_each_view_s_time_and_names_what_grows_with_the_tables
         _scale(0.1, [(3.0, 1.0, 10_000), (5.0, 2.0, 30_000), (4.0, 1.5, 20_000)]),
         _scale(1.0, [(6.0, 3.0, 300_000), (4.0, 2.0, 100_000), (5.0, 4.0, 200_000)]),
     ]
-    args = argparse.Namespace(runs=3, change=0.001, parallelism=4)
+    args = argparse.Namespace(runs=3, change=0.001, parallelism=4, warm_up_scale=0.01)
     out = tmp_path / "BENCHMARKS.md"
     write_markdown(results, [], args, out)
     text = out.read_text()
+    assert "warmed up first by an unmeasured run of every step at SF 0.01." in text
     # Each run's seconds, in the order run, beside the medians drawn from them.
     assert (
         "SF 0.1: incremental 3.0, 5.0, 4.0, Spark full 8.0, 8.0, 8.0; "
