@@ -22,11 +22,12 @@ import atexit
 import itertools
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
 
 from ivm.errors import IvmError
+from resources.classes import java_options as class_archive_options
+from resources.classes import java_path
 
 LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 
@@ -53,9 +54,8 @@ CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 
 def java_major_version() -> int | None:
     """Major version of the ``java`` Spark will start (JAVA_HOME first), or None if none."""
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    java = java_path()
+    if java is None:
         return None
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
@@ -147,8 +147,14 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         # 27.7-30.9s, JVM CPU 45-52s against 51-58s; Spark full 12.6-15.0s against
         # 14.4-16.0s; refreshes after 0.1% batches within the noise (16.3-19.7s against
         # 16.7-19.7s). Both ways gain alike: the bench's ratios do not move.
-        "spark.driver.extraJavaOptions": (
-            f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -XX:+UseParallelGC"
+        # Classes mapped from the archive ./dev records, when there is one (resources.classes).
+        "spark.driver.extraJavaOptions": " ".join(
+            o
+            for o in (
+                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -XX:+UseParallelGC",
+                class_archive_options(overrides),
+            )
+            if o
         ),
     }
     conf.update(overrides or {})

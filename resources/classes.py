@@ -1,0 +1,186 @@
+"""The class-data archive that shortens the start of this process's Spark JVM.
+
+A Spark JVM spends most of its start loading and verifying the same few thousand classes
+(Scala's, Spark's, Parquet's) from the jars. Java's class-data sharing (AppCDS, JDK 13+) maps
+them instead from an archive one JVM recorded: here 4.8-5.9s to a session and 2.4-2.9s to its
+first job, against 2.9-3.8s and 1.3-1.4s from the archive (``/tmp/s17/jvm.py`` in issue 6's
+notes). Every fresh process pays that start: ``ivm refresh``, a Dagster run started by the
+sensor, ``ivm spark-server``.
+
+:func:`record` writes the archive once (``./dev`` does after installing, through
+``python -m resources.classes``, about 35s here): a separate JVM runs
+a little of everything the engine asks of Spark (Parquet written and read, a shuffle, a join,
+generated code), then dumps what it loaded. :func:`java_options` hands later JVMs the archive
+when there is one for their Java, PySpark and class path (a JVM that cannot use it starts as
+without it: ``-Xshare:auto``, quietly); it never records one itself, so no user run pays the
+recording. ``IVM_SPARK_CLASS_ARCHIVE`` names another folder for the archives, or ``off``.
+
+Contract in ``(data, time, diff)`` terms: none; the archive only changes how fast a JVM starts,
+never what it computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+ARCHIVE_ENV = "IVM_SPARK_CLASS_ARCHIVE"
+"""Where the archives are kept (a folder), or ``off``; by default ``$XDG_CACHE_HOME/ivm``
+(``~/.cache/ivm``)."""
+
+QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+"""No JVM warnings about an archive it cannot use (it then starts as without one)."""
+
+CLASS_PATH_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+"""Settings that change the driver's class path, and so which archive fits it."""
+
+
+def java_path() -> str | None:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    return java if java and os.path.exists(java) else None
+
+
+def archive_dir() -> Path | None:
+    """The folder of the archives (:data:`ARCHIVE_ENV`); None when switched off."""
+    chosen = os.environ.get(ARCHIVE_ENV, "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "ivm"
+
+
+def archive_path(conf: Mapping[str, str] | None = None) -> Path | None:
+    """The archive that fits a JVM started with ``conf``: one per Java installation (its
+    resolved path, size and time), PySpark version and class-path settings. None when
+    switched off or no Java is found."""
+    folder, java = archive_dir(), java_path()
+    if folder is None or java is None:
+        return None
+    import pyspark
+
+    real = os.path.realpath(java)
+    st = os.stat(real)
+    parts = [real, str(st.st_size), str(st.st_mtime_ns), pyspark.__version__]
+    parts += [f"{k}={(conf or {}).get(k, '')}" for k in CLASS_PATH_SETTINGS]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return folder / f"spark-{pyspark.__version__}-{digest}.jsa"
+
+
+def java_options(conf: Mapping[str, str] | None = None) -> str:
+    """The driver JVM options that map the archive fitting ``conf``, if recorded (else "")."""
+    path = archive_path(conf)
+    if path is None or not path.is_file():
+        return ""
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto {QUIET}"
+
+
+def record(conf: Mapping[str, str] | None = None, timeout: float = 600.0) -> Path | None:
+    """Record the archive fitting ``conf`` unless there is one: a separate Python process
+    starts a JVM that dumps its classes when it exits, into a temporary file renamed into
+    place once complete (a concurrent or interrupted recording leaves no partial archive).
+    Returns the archive (None when switched off or no Java is found).
+
+    Raises:
+        subprocess.CalledProcessError: the recording process failed.
+    """
+    path = archive_path(conf)
+    if path is None or path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.unlink(temporary)  # the JVM creates it at its exit
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "resources.classes", "--dump-into", temporary],
+            check=True,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+        )
+        if os.path.getsize(temporary) > 0:
+            os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return path if path.is_file() else None
+
+
+def _recording_run(temporary: str) -> None:
+    """In the recording process: a session whose JVM dumps its classes into ``temporary``
+    at exit, a little of every kind of work the engine gives Spark, then the JVM's exit,
+    awaited so that the dump is complete when this process ends."""
+    from pyspark import SparkContext
+    from pyspark.sql import functions as F
+
+    from resources.spark import get_spark, spark_conf
+
+    options = spark_conf().get("spark.driver.extraJavaOptions", "")
+    spark = get_spark(
+        {"spark.driver.extraJavaOptions": f"{options} -XX:ArchiveClassesAtExit={temporary} {QUIET}"}
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        df = spark.range(20_000).select(
+            F.col("id"),
+            (F.col("id") % 7).alias("k"),
+            F.col("id").cast("decimal(15,2)").alias("d"),
+            F.concat(F.lit("v"), F.col("id").cast("string")).alias("s"),
+            F.current_date().alias("day"),
+        )
+        df.write.parquet(f"{folder}/a")
+        back = spark.read.parquet(f"{folder}/a")
+        keys = spark.createDataFrame([(k, f"k{k}") for k in range(7)], "k long, name string")
+        other = back.select("id", F.col("s").alias("t"))
+        joined = back.join(F.broadcast(keys), "k").join(other, "id")
+        joined.groupBy("name").agg(F.sum("d"), F.countDistinct("t"), F.max("day")).collect()
+        back.where("id < 100").toArrow()
+    gateway = SparkContext._gateway
+    spark.stop()
+    if gateway is not None and getattr(gateway, "proc", None) is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM exits on EOF, dumping its classes first
+        gateway.proc.wait(timeout=300)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m resources.classes``: record the archive for the default settings (what
+    ``./dev`` runs), saying where it is; ``--dump-into PATH`` is :func:`record`'s own run."""
+    if argv[:1] == ["--dump-into"] and len(argv) == 2:
+        _recording_run(argv[1])
+        return 0
+    if argv:
+        print("usage: python -m resources.classes", file=sys.stderr)
+        return 2
+    from resources.spark import check_java
+
+    check_java()
+    path = archive_path()
+    if path is None:
+        print(f"Spark class archive: off ({ARCHIVE_ENV})")
+        return 0
+    if path.is_file():
+        return 0
+    print(f"recording Spark's classes for faster JVM starts (once): {path}", file=sys.stderr)
+    try:
+        record()
+    except subprocess.CalledProcessError as e:
+        print(f"the recording failed:\n{(e.stderr or b'').decode()[-2000:]}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired:
+        print("the recording did not finish in time", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
