@@ -37,6 +37,13 @@ def test_a_jvm_maps_the_archive_only_once_recorded_and_not_when_switched_off(
     path.write_bytes(b"recorded")
     assert f"-XX:SharedArchiveFile={path} -Xshare:auto" in _options()
     assert "-XX:+UseParallelGC" in _options()  # beside the engine's own options
+    # An archive the JVM cannot use (this one is not one) is passed over, quietly.
+    java = classes.java_path()
+    assert java is not None
+    started = subprocess.run(
+        [java, *classes.java_options().split(), "-version"], capture_output=True, text=True
+    )
+    assert started.returncode == 0 and "warning" not in started.stderr.lower(), started.stderr
     # Another class path is another archive, not recorded yet.
     assert classes.archive_path({"spark.jars": "/x/extra.jar"}) != path
     assert (
