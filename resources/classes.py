@@ -3,7 +3,7 @@
 A Spark JVM spends most of its start loading and verifying the same few thousand classes
 (Scala's, Spark's, Parquet's) from the jars. Java's class-data sharing (AppCDS, JDK 13+) maps
 them instead from an archive one JVM recorded: here 4.8-5.9s to a session and 2.4-2.9s to its
-first job, against 2.9-3.8s and 1.3-1.4s from the archive (``/tmp/s17/jvm.py`` in issue 6's
+first job, against 2.9-3.8s and 1.3-2.0s from the archive (``/tmp/s17/jvm.py`` in issue 6's
 notes). Every fresh process pays that start: ``ivm refresh``, a Dagster run started by the
 sensor, ``ivm spark-server``.
 
