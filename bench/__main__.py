@@ -851,6 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     scales = [float(s) for s in args.scales.split(",") if s]
     sensor_at = REFERENCE_SCALE if REFERENCE_SCALE in scales else max(scales)
     if args.warm_up_scale > 0:
+        # SF1's absolute change would be 10% of SF 0.01's orders, past where incremental
+        # wins: the warm-up changes at most 1%.
         change = args.change * REFERENCE_SCALE / args.warm_up_scale
         warm_up(args.warm_up_scale, min(change, 0.01), spark, parallelism=args.parallelism)
     for scale in scales:

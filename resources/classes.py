@@ -97,9 +97,7 @@ def record(conf: Mapping[str, str] | None = None, timeout: float = 600.0) -> Pat
     if path is None or path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.unlink(temporary)  # the JVM creates it at its exit
+    temporary = str(path.with_name(f"{path.name}.{os.getpid()}.tmp"))  # the JVM writes it
     try:
         subprocess.run(
             [sys.executable, "-m", "resources.classes", "--dump-into", temporary],
