@@ -42,6 +42,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+MAX_CHUNKS = 2048
+"""Most chunks a column of a held file keeps when handed over by its writer
+(:meth:`FileCache.put`); past it they are combined into one. Slices cost nothing to keep,
+but every kernel and the Parquet writer pay per chunk: noticeable past a few thousand."""
+
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 """Where a container's memory limit is (cgroup v2, then v1)."""
 
@@ -184,11 +189,17 @@ class FileCache:
     def put(self, path: str, schema: pa.Schema, table: pa.Table) -> bool:
         """Keep ``table`` as ``path``'s rows read with ``schema``: a file the caller has
         just written from exactly these rows (so the next read decodes nothing), if it fits
-        as a decoded file would; whether it is kept."""
+        as a decoded file would; whether it is kept. Its chunks are kept as they are, up to
+        :data:`MAX_CHUNKS` in a column (a rewrite's slices of the file it replaced: no
+        copy), else combined into one."""
         key = _key(path, schema)
         if key is None or self._budget == 0:
             return False
-        table = table.select(schema.names).cast(schema).combine_chunks()
+        table = table.select(schema.names)
+        if table.schema != schema:
+            table = table.cast(schema)
+        if max((c.num_chunks for c in table.columns), default=1) > MAX_CHUNKS:
+            table = table.combine_chunks()
         with self._lock:
             return key in self._entries or self._admit(key, table)
 

@@ -730,14 +730,17 @@ DICTIONARY_SAMPLE_ROWS = 10_000
 
 
 def column_encodings(table: pa.Table) -> tuple[list[str], list[str]]:
-    """The columns of a file the driver writes to encode with a dictionary, and the integer
-    columns to encode as deltas (``DELTA_BINARY_PACKED``, read by Spark's vectorized reader,
-    arrow-rs, DuckDB and Trino). A column whose first :data:`DICTIONARY_SAMPLE_ROWS` rows
-    hold few distinct values (at most one in eight) gets a dictionary, as Spark's writer
-    would keep one; the others are written plain (integers as deltas) rather than trying a
+    """The columns of a file the driver writes to encode with a dictionary, and the columns
+    stored as integers to encode as deltas (``DELTA_BINARY_PACKED``, read by Spark's
+    vectorized reader, arrow-rs, DuckDB and Trino). A column whose first
+    :data:`DICTIONARY_SAMPLE_ROWS` rows hold few distinct values (at most one in eight) gets
+    a dictionary, as Spark's writer would keep one; the others are written plain (those
+    stored as integers as deltas: :func:`_stored_as_integers`) rather than trying a
     dictionary and falling back. A rewrite of SF3 ``open_orders`` (2.2M rows, two integer
     columns, a decimal, a date, a string): 0.40s and 22 MiB with a dictionary tried on
-    every column, 0.21-0.25s and 17-18 MiB this way (``/tmp/s16/w3.py`` in issue 6's notes).
+    every column, 0.21-0.25s and 17-18 MiB with integers as deltas (``/tmp/s16/w3.py`` in
+    issue 6's notes); its decimal as deltas too 0.058s against 0.088s plain (6.9 against
+    7.6 MiB), its date 0.027s against 0.045s (3.1 against 3.8 MiB; ``/tmp/s18/enc3.py``).
     """
     dictionary: list[str] = []
     delta: list[str] = []
@@ -749,9 +752,19 @@ def column_encodings(table: pa.Table) -> tuple[list[str], list[str]]:
         values = sample.column(field_.name)
         if len(values) and pc.count_distinct(values).as_py() * 8 <= len(values):
             dictionary.append(field_.name)
-        elif pa.types.is_integer(t):
+        elif _stored_as_integers(t):
             delta.append(field_.name)
     return dictionary, delta
+
+
+def _stored_as_integers(t: pa.DataType) -> bool:
+    """Whether :func:`stage_arrow` stores ``t``'s values as Parquet INT32 or INT64, the
+    physical types ``DELTA_BINARY_PACKED`` encodes: integers, dates, timestamps, and
+    decimals of at most 18 digits (``store_decimal_as_integer``; wider ones are fixed-length
+    byte arrays)."""
+    if pa.types.is_decimal(t):
+        return t.precision <= 18
+    return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
 
 
 def collect_staged(table_uri: str, staged_uri: str) -> StagedFiles:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from resources import filecache
 from resources.filecache import FileCache
@@ -188,3 +189,24 @@ def test_a_file_is_decoded_into_one_chunk_per_column_in_the_schema_asked(tmp_pat
         assert fresh and decoded.schema == wanted
         assert [c.num_chunks for c in decoded.columns] == [1, 1]
         assert decoded.equals(rows.select(["k", "s"]).cast(wanted))
+
+
+def test_a_writers_slices_are_kept_as_they_are_up_to_a_bound(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite hands over slices of the file it replaced: kept without a copy (the same
+    buffers), up to ``MAX_CHUNKS`` chunks a column; more are combined into one."""
+    path = _file(tmp_path / "f.parquet", 1_000)
+    rows = pq.read_table(path).cast(SCHEMA).combine_chunks()
+    sliced = pa.concat_tables([rows.slice(0, 10), rows.slice(11, 500), rows.slice(600)])
+    cache = FileCache(1 << 20)
+    assert cache.put(path, SCHEMA, sliced)
+    held, _ = cache.read(path, SCHEMA)
+    assert held.equals(sliced) and [c.num_chunks for c in held.columns] == [3, 3]
+    first = held.column("k").chunk(0).buffers()[1]
+    assert first.address == rows.column("k").chunk(0).buffers()[1].address  # not copied
+    monkeypatch.setattr(filecache, "MAX_CHUNKS", 2)
+    other = _file(tmp_path / "g.parquet", 1_000)
+    assert cache.put(other, SCHEMA, sliced)
+    held, _ = cache.read(other, SCHEMA)
+    assert held.equals(sliced) and [c.num_chunks for c in held.columns] == [1, 1]

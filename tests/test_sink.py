@@ -8,9 +8,12 @@ rewritten by Spark; sized and rewritten by the driver (``DRIVER_REWRITE_ROWS``).
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -279,8 +282,9 @@ def test_a_small_write_by_the_driver_is_what_spark_writes(spark, tmp_path: Path)
 def test_the_driver_chooses_each_columns_encoding_and_every_reader_decodes_it(
     spark, tmp_path: Path
 ) -> None:
-    """Few distinct values: a dictionary; many: plain, integers as deltas. Spark, DuckDB
-    and delta-rs read the file back as written."""
+    """Few distinct values: a dictionary; many: plain, values stored as integers (integers,
+    dates, timestamps, decimals of up to 18 digits) as deltas. Spark, DuckDB and delta-rs
+    read the file back as written."""
     import duckdb
 
     from resources.lake import collect_staged, commit_files, stage_arrow, staging_uri
@@ -293,7 +297,18 @@ def test_the_driver_chooses_each_columns_encoding_and_every_reader_decodes_it(
             "small": pa.array([i % 5 for i in range(n)], pa.int64()),
             "status": pa.array([None if i % 11 == 0 else "OF"[i % 2] for i in range(n)]),
             "comment": pa.array([f"c{i * 31}" for i in range(n)]),
-            "price": pa.array([Decimal(i) / 100 for i in range(n)], pa.decimal128(12, 2)),
+            "price": pa.array(
+                [Decimal(i * 7919 % n) / 100 for i in range(n)], pa.decimal128(12, 2)
+            ),
+            "small_price": pa.array(
+                [None if i % 13 == 0 else Decimal(-i) / 10 for i in range(n)], pa.decimal128(7, 1)
+            ),
+            "wide": pa.array([Decimal(i) / 10_000 for i in range(n)], pa.decimal128(30, 4)),
+            "day": pa.array([date(1992, 1, 1) + timedelta(days=i * 37 % 2500) for i in range(n)]),
+            "at": pa.array(
+                [datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=i * 977) for i in range(n)],
+                pa.timestamp("us", tz="UTC"),
+            ),
         }
     )
     table = str(tmp_path / "table")
@@ -304,22 +319,34 @@ def test_the_driver_chooses_each_columns_encoding_and_every_reader_decodes_it(
         table, app_id="t", epoch=1, schema=rows.schema, adds=collect_staged(table, staged).adds
     )
     meta = pq.ParquetFile(path).metadata.row_group(0)
-    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(6)}
-    assert "DELTA_BINARY_PACKED" in encodings["key"]
-    assert "DELTA_BINARY_PACKED" in encodings["shuffled"]
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
+    for delta in ("key", "shuffled", "price", "small_price", "day", "at"):
+        assert "DELTA_BINARY_PACKED" in encodings[delta], (delta, encodings[delta])
     for dictionary in ("small", "status"):
         assert "RLE_DICTIONARY" in encodings[dictionary], encodings
-    for plain in ("comment", "price"):
+    for plain in ("comment", "wide"):
         assert "RLE_DICTIONARY" not in encodings[plain] and "PLAIN" in encodings[plain]
 
-    expected = Counter(tuple(r.values()) for r in rows.to_pylist())
+    zone = ZoneInfo(spark.conf.get("spark.sql.session.timeZone"))
+
+    def same(values) -> tuple:  # instants compared in UTC (Spark's are in its session zone)
+        return tuple(
+            (v if v.tzinfo else v.replace(tzinfo=zone)).astimezone(UTC)
+            if isinstance(v, datetime)
+            else v
+            for v in values
+        )
+
+    expected = Counter(same(r.values()) for r in rows.to_pylist())
     by_spark = spark.read.parquet(path).collect()
-    assert Counter(tuple(r) for r in by_spark) == expected
+    assert Counter(same(r) for r in by_spark) == expected
     by_duckdb = duckdb.connect().sql(f"SELECT * FROM read_parquet('{path}')").fetchall()
-    assert Counter(by_duckdb) == expected
+    assert Counter(same(r) for r in by_duckdb) == expected
     by_delta_rs = QueryBuilder().register("t", DeltaTable(table)).execute("SELECT * FROM t")
     assert (
-        Counter(tuple(r.values()) for r in pa.table(by_delta_rs.read_all()).to_pylist()) == expected
+        Counter(same(r.values()) for r in pa.table(by_delta_rs.read_all()).to_pylist()) == expected
     )
 
 
@@ -533,3 +560,27 @@ def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
         assert held <= live  # the replaced files left the cache
         for path in held:
             assert cache.read(path, typed)[0].equals(_decode(path, typed)), path
+
+
+def test_rows_are_left_out_by_slices_or_one_copy_past_the_chunk_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``without_rows`` equals a filter for any positions (first, last, runs, all), as
+    slices of the rows while the chunks stay within ``MAX_CHUNKS``, else one copy."""
+    import random
+
+    from ops.sink import without_rows
+
+    rows = pa.table({"k": pa.array(range(500), pa.int64()), "s": [f"v{i}" for i in range(500)]})
+    rng = random.Random(7)
+    cases = [[], [0], [499], [0, 1, 2, 499], list(range(500)), list(range(100, 200))]
+    cases += [sorted(rng.sample(range(500), rng.randint(1, 60))) for _ in range(30)]
+    for positions in cases:
+        mask = pa.array([i not in set(positions) for i in range(500)])
+        kept = without_rows(rows, np.array(positions, dtype=np.int64))
+        assert kept.equals(rows.filter(mask)), positions
+        assert kept.column("k").num_chunks <= max(1, len(positions) + 1)
+    monkeypatch.setattr(ops.sink, "MAX_CHUNKS", 4)
+    kept = without_rows(rows, np.array([5, 50, 150, 250, 350], dtype=np.int64))
+    assert [c.num_chunks for c in kept.columns] == [1, 1]
+    assert kept.num_rows == 495 and 50 not in kept.column("k").to_pylist()
