@@ -430,11 +430,16 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
     """A change that only inserts (a first build), read from its log's files by the driver, is
     written with no Spark job: each row ``_diff`` times, every file sorted as Spark sorts
     (NULLs first) and holding its own range, the rows Spark's write of the same change
-    holds; larger than ``DRIVER_REWRITE_ROWS``, Spark writes it."""
+    holds; larger than ``DRIVER_REWRITE_ROWS``, Spark writes it. The driver's files go to
+    its cache as a read would decode them: the first rewrite decodes none."""
     from ops.ingest import insertions_only, view_changes, view_changes_by_driver
     from ops.sink import append_updates
+    from resources.filecache import FileCache, _decode
+    from resources.lake import local_path
     from resources.spark import JobGroup
 
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(ops.sink, "FILES", cache)
     monkeypatch.setattr(ops.sink, "ROWS_PER_FILE", 120)
     updates = (
         _typed_updates(spark, 300)
@@ -476,6 +481,11 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
             jobs[way] = group.close(spark)
         assert (change.inserted, change.deleted) == (400, 0)
     assert jobs["driver"] == 0 and jobs["spark"] > 0 and jobs["wide"] > 0
+    written = {local_path(u) for u in DeltaTable(tables["driver"]).file_uris()}
+    held = {key[0]: rows for key, rows in cache._entries.items()}
+    assert len(written) == 4 and set(held) == written  # Spark's files are not handed over
+    for path, rows in held.items():
+        assert rows.equals(_decode(path, rows.schema))
     assert parquet_writers(DeltaTable(tables["wide"])) == {"parquet-mr"}
     assert contents(tables["wide"]) == contents(tables["spark"])
     driver, by_spark = DeltaTable(tables["driver"]), DeltaTable(tables["spark"])
