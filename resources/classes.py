@@ -88,7 +88,8 @@ def record(conf: Mapping[str, str] | None = None, timeout: float = 600.0) -> Pat
     """Record the archive fitting ``conf`` unless there is one: a separate Python process
     starts a JVM that dumps its classes when it exits, into a temporary file renamed into
     place once complete (a concurrent or interrupted recording leaves no partial archive).
-    Returns the archive (None when switched off or no Java is found).
+    Returns the archive (None when switched off, no Java is found, or the JVM dumped
+    nothing).
 
     Raises:
         subprocess.CalledProcessError: the recording process failed.
@@ -106,7 +107,7 @@ def record(conf: Mapping[str, str] | None = None, timeout: float = 600.0) -> Pat
             cwd=Path(__file__).resolve().parent.parent,
             capture_output=True,
         )
-        if os.path.getsize(temporary) > 0:
+        if os.path.exists(temporary) and os.path.getsize(temporary) > 0:
             os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

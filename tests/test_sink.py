@@ -590,6 +590,12 @@ def test_rows_are_left_out_by_slices_or_one_copy_past_the_chunk_bound(
         kept = without_rows(rows, np.array(positions, dtype=np.int64))
         assert kept.equals(rows.filter(mask)), positions
         assert kept.column("k").num_chunks <= max(1, len(positions) + 1)
+    kept = without_rows(rows, np.array([5, 50], dtype=np.int64))
+    assert [c.chunk(1).offset for c in kept.columns] == [6, 6]  # slices of the rows: no copy
+    assert all(
+        k.chunk(0).buffers()[-1].address == r.chunk(0).buffers()[-1].address
+        for k, r in zip(kept.columns, rows.columns, strict=True)
+    )
     monkeypatch.setattr(ops.sink, "MAX_CHUNKS", 4)
     kept = without_rows(rows, np.array([5, 50, 150, 250, 350], dtype=np.int64))
     assert [c.num_chunks for c in kept.columns] == [1, 1]
