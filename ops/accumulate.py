@@ -33,6 +33,7 @@ zero (+1) or fell to zero (-1).
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,10 @@ from ivm.plan.reduce import StateTable
 from ops import DIFF, TIME, buffer
 from ops.buffer import Row, summed
 from ops.sink import exact_types
+
+EXACT = decimal.Context(prec=200, traps=[decimal.Inexact, decimal.Overflow])
+"""Decimal sums in as many digits as they need: a state sum of DECIMAL(38, s) values never
+reaches 200 digits, and an inexact or overflowing step raises rather than rounds."""
 
 
 def _rows_at_most(store: Any) -> int:
@@ -105,7 +110,15 @@ def accumulate_on_driver(
 def _add(
     state: dict[Row, list[Any]], rows: list[dict], keys: Sequence[str], names: Sequence[str]
 ) -> None:
-    """Sum ``rows``' state columns into ``state``, per group (NULL keys equal, as grouping)."""
+    """Sum ``rows``' state columns into ``state``, per group (NULL keys equal, as grouping),
+    exactly: decimals in as many digits as they need (Python's default context keeps 28)."""
+    with decimal.localcontext(EXACT):
+        _add_exactly(state, rows, keys, names)
+
+
+def _add_exactly(
+    state: dict[Row, list[Any]], rows: list[dict], keys: Sequence[str], names: Sequence[str]
+) -> None:
     for r in rows:
         group = tuple(r[k] for k in keys)
         sums = state.setdefault(group, [0] * len(names))

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import struct
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -37,8 +39,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.errors import NotOnDriver
 from ivm.plan.ir import Aggregate, Reduce, TopK
-from ivm.plan.reduce import FANOUT_BITS, Branch, branches
-from ops import DIFF, TIME, buffer
+from ivm.plan.reduce import FANOUT_BITS, SUMMED, Branch, branches
+from ops import DIFF, TIME, buffer, floatsum
 from ops.buffer import summed
 from ops.climb import climb_rows
 from ops.local import arrow_type, decimal_shape
@@ -54,7 +56,20 @@ SPARK_DECIMAL_CONTEXT = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP)
 quotient to the result type's scale."""
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_ACCUMULATED = {"count", "sum", "avg", "bool_and", "bool_or"}
+
+_SPECIAL = {
+    "nan": pc.is_nan,
+    "pinf": lambda x: pc.equal(x, math.inf),
+    "ninf": lambda x: pc.equal(x, -math.inf),
+}
+"""The NaN and infinity counts beside exact floating-point sums (as ``ops.reduce``'s)."""
+
+
+def _floating(t: T.DataType) -> bool:
+    return isinstance(t, (T.FloatType, T.DoubleType))
+
+
+_ACCUMULATED = {"count", "bool_and", "bool_or", *SUMMED}
 
 _EPOCH = datetime.date(1970, 1, 1)
 _SEED = 42
@@ -123,6 +138,7 @@ class _Accumulable:
         self.aggregates = aggregates
         self.types = types
         self.columns: list[tuple[str, str, str | None]] = [("_rows", "rows", None)]
+        self.float_terms: dict[tuple[str, bool], int] = {}  # (argument, squared) -> term
         for a in aggregates:
             if a.func not in _ACCUMULATED:
                 raise NotOnDriver(f"{a.func.upper()} is computed by Spark")
@@ -130,12 +146,21 @@ class _Accumulable:
                 continue
             t = types[a.arg]
             self._add(f"_nn_{a.arg}", "nn", a.arg)
-            if a.func in ("sum", "avg"):
+            if floatsum.is_exact(a.func, t):
+                for kind in ("nan", "pinf", "ninf"):
+                    self._add(f"_{kind}_{a.arg}", kind, a.arg)
+                self._term(a.arg, False)
+                if a.func not in ("sum", "avg"):
+                    self._term(a.arg, True)
+            elif a.func in ("sum", "avg"):
                 if not isinstance(t, (*_INTEGRAL, T.DecimalType)):
                     raise NotOnDriver(f"{a.func.upper()} over {t.simpleString()} is Spark's")
                 self._add(f"_sum_{a.arg}", "sum", a.arg)
             elif a.func in ("bool_and", "bool_or"):
                 self._add(f"_true_{a.arg}", "true", a.arg)
+
+    def _term(self, arg: str, squared: bool) -> int:
+        return self.float_terms.setdefault((arg, squared), len(self.float_terms))
 
     def _add(self, name: str, kind: str, arg: str | None) -> None:
         if all(name != n for n, _, _ in self.columns):
@@ -158,6 +183,9 @@ class _Accumulable:
             x = rows.column(arg)
             if kind == "nn":
                 columns[name] = pc.if_else(pc.is_valid(x), diff, 0)
+            elif kind in _SPECIAL:
+                test = _SPECIAL[kind](x.cast(pa.float64()))
+                columns[name] = pc.if_else(pc.fill_null(test, False), diff, 0)
             elif kind == "true":
                 columns[name] = pc.if_else(pc.fill_null(pc.equal(x, True), False), diff, 0)
             else:
@@ -178,6 +206,27 @@ class _Accumulable:
                 out[tuple(r[k] for k in keys)] = sums
         return out
 
+    def float_sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, dict]:
+        """Per group, the exact floating-point sums of ``rows`` (updates with ``_diff``) as
+        ``{(term, bin): part sum}`` (:func:`ops.floatsum.parts`, the bins Spark's path
+        computes); zero sums dropped."""
+        out: dict[Group, dict] = {}
+        if not self.float_terms:
+            return out
+        args = list(dict.fromkeys(arg for arg, _ in self.float_terms))
+        for r in rows.select([*keys, *args, DIFF]).to_pylist():
+            bins = out.setdefault(tuple(r[k] for k in keys), {})
+            for (arg, squared), term in self.float_terms.items():
+                x = r[arg]
+                if x is None:
+                    continue
+                x = float(x)  # a DECIMAL's VARIANCE: Spark's double of it
+                if x == 0 or not math.isfinite(x):
+                    continue
+                for b, part in floatsum.parts(x, squared).items():
+                    bins[(term, b)] = bins.get((term, b), 0) + part * r[DIFF]
+        return {g: {k: v for k, v in bins.items() if v} for g, bins in out.items()}
+
     def state_type(self, kind: str, arg: str | None) -> pa.DataType:
         if kind != "sum":
             return pa.int64()
@@ -190,6 +239,8 @@ class _Accumulable:
         if a.func in ("bool_and", "bool_or"):
             return pa.bool_()
         t = self.types[a.arg or ""]
+        if floatsum.is_exact(a.func, t):
+            return pa.float64()
         if not isinstance(t, T.DecimalType):
             return pa.int64() if a.func == "sum" else pa.float64()
         p, s = t.precision, t.scale
@@ -197,8 +248,9 @@ class _Accumulable:
             return pa.decimal128(min(38, p + 10), s)
         return pa.decimal128(min(38, p + 4), min(38, s + 4))
 
-    def results(self, state: list) -> list:
-        """The aggregates' values from a group's summed state (as ``ops.reduce._results``)."""
+    def results(self, state: list, bins: dict | None = None) -> list:
+        """The aggregates' values from a group's summed state and exact floating-point sums
+        ``{(term, bin): sum}`` (as ``ops.reduce._results``)."""
         at = {n: v for (n, _, _), v in zip(self.columns, state, strict=True)}
         out = []
         for a in self.aggregates:
@@ -208,6 +260,8 @@ class _Accumulable:
             nn = at[f"_nn_{a.arg}"]
             if a.func == "count":
                 out.append(nn)
+            elif floatsum.is_exact(a.func, self.types[a.arg]):
+                out.append(self._float_result(a, at, bins or {}))
             elif nn <= 0:
                 out.append(None)
             elif a.func == "bool_and":
@@ -217,6 +271,16 @@ class _Accumulable:
             else:
                 out.append(self._summed_result(a, Decimal(at[f"_sum_{a.arg}"]), nn))
         return out
+
+    def _float_result(self, a: Aggregate, at: dict[str, Any], bins: dict) -> float | None:
+        arg = a.arg or ""
+        total, square = self.float_terms[(arg, False)], self.float_terms.get((arg, True))
+        sums = [0, 0]
+        for (term, b), v in bins.items():
+            if term in (total, square):
+                sums[term != total] += v << (floatsum.BIN_BITS * b)
+        counts = [int(at[f"_{k}_{arg}"]) for k in ("nn", "nan", "pinf", "ninf")]
+        return floatsum.exact_result(a.func, *counts, *sums)
 
     def _summed_result(self, a: Aggregate, total: Decimal, nn: int) -> Any:
         t = self.types[a.arg or ""]
@@ -255,9 +319,9 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
             raise NotOnDriver(f"{b.kind} aggregates are computed by Spark")
         if b.distinct and b.kind != "accumulable":
             raise NotOnDriver("DISTINCT outside COUNT/SUM/AVG is computed by Spark")
-    for t in types.values():
-        if isinstance(t, (T.FloatType, T.DoubleType)):
-            raise NotOnDriver("floating-point columns are summed by Spark")
+        floating = [c for c in (*b.keys, *([b.value] if b.distinct else [])) if _floating(types[c])]
+        if floating:
+            raise NotOnDriver(f"grouping by floating point ({', '.join(floating)}) is Spark's")
 
 
 def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
@@ -270,6 +334,29 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
         raise NotOnDriver("more updates than the driver's state rows")
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
+    pending: list[tuple[Any, pa.Table]] = []  # state written once the result is known
+    table = _reduced(node, delta, types, replace(store, write_rows=_deferred(pending)))
+    for i, f in enumerate(table.schema):
+        if pa.types.is_floating(f.type) and pc.any(pc.is_nan(table.column(i))).as_py():
+            raise NotOnDriver("a NaN result is grouped by Spark")  # nothing written yet
+    for state, rows in pending:
+        store.write_rows(state, rows)
+    return table
+
+
+def _deferred(pending: list[tuple[Any, pa.Table]]):
+    """A ``write_rows`` that keeps the state tables' rows in ``pending`` (no branch reads a
+    table this refresh writes before it is written)."""
+
+    def write_rows(table: Any, rows: pa.Table) -> int:
+        pending.append((table, rows))
+        return rows.num_rows
+
+    return write_rows
+
+
+def _reduced(node: Reduce, delta: pa.Table, types: dict[str, T.DataType], store: Any) -> pa.Table:
+    """:func:`reduce_local`'s change, its state writes handed to ``store``."""
     keys = list(node.keys)
     rows = delta.filter(pc.not_equal(delta.column(DIFF), 0))
     key_schema = pa.schema([delta.schema.field(k) for k in keys])
@@ -336,6 +423,7 @@ def _accumulable(
     acc = _Accumulable(branch.aggregates, types)
     table = branch.tables[-1]
     change = acc.sums(rows, keys)
+    bins = _float_state(branch, acc, rows, keys, probe, store)
     before = store.read_rows(table, keys, probe, store.old)
     if before is None:
         raise NotOnDriver(f"{branch.name}: the touched groups' state is Spark's to read")
@@ -367,8 +455,58 @@ def _accumulable(
     store.write_rows(table, update)
     rows_at = acc.names.index("_rows")
     return tuple(  # type: ignore[return-value]
-        {g: acc.results(s) for g, s in state.items() if s[rows_at] > 0} for state in (old, new)
+        {g: acc.results(s, at.get(g)) for g, s in state.items() if s[rows_at] > 0}
+        for state, at in zip((old, new), bins, strict=True)
     )
+
+
+def _float_state(
+    branch: Branch,
+    acc: _Accumulable,
+    rows: pa.Table,
+    keys: list[str],
+    probe: pa.Table,
+    store: Any,
+) -> tuple[dict[Group, dict], dict[Group, dict]]:
+    """Write an accumulable branch's exact floating-point sums' change to its ``float_sums``
+    table (``(keys..., _t, _b, _v, _time)``, the rows :func:`ops.reduce._float_sums` writes);
+    the touched groups' sums ``{(term, bin): sum}`` at old and at new."""
+    table = branch.float_table
+    if not acc.float_terms or table is None:
+        return {}, {}
+    change = acc.float_sums(rows, keys)
+    before = store.read_rows(table, keys, probe, store.old)
+    if before is None:
+        raise NotOnDriver(f"{branch.name}: the touched groups' float sums are Spark's to read")
+    old: dict[Group, dict] = {}
+    for r in before.to_pylist():
+        at = old.setdefault(tuple(r[k] for k in keys), {})
+        at[(r["_t"], r["_b"])] = at.get((r["_t"], r["_b"]), 0) + r["_v"]
+    new = {g: dict(at) for g, at in old.items()}
+    for g, at in change.items():
+        mine = new.setdefault(g, {})
+        for k, v in at.items():
+            mine[k] = mine.get(k, 0) + v
+    key_fields = [rows.schema.field(k) for k in keys]
+    written = pa.schema(
+        [
+            *key_fields,
+            pa.field("_t", pa.int32()),
+            pa.field("_b", pa.int32()),
+            pa.field("_v", pa.int64()),
+            pa.field(TIME, pa.int64()),
+        ]
+    )
+    update = pa.Table.from_pylist(
+        [
+            {**dict(zip(keys, g, strict=True)), "_t": t, "_b": b, "_v": v, TIME: store.new}
+            for g, at in change.items()
+            for (t, b), v in sorted(at.items())
+        ],
+        schema=written,
+    )
+    store.write_rows(table, update)
+    return old, new
 
 
 def _distinct_flips(

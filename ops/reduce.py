@@ -55,13 +55,17 @@ from ivm.plan.reduce import (
     presum_grain,
     topk_spare,
 )
-from ops import DIFF, TIME, buffer
+from ops import DIFF, TIME, buffer, floatsum
 from ops.accumulate import accumulate_on_driver, distinct_on_driver
 from ops.buffer import refresh_on_driver
 from ops.climb import built_levels, climb_on_driver
 from ops.consolidate import consolidate
 from ops.sink import arrow_schema, exact_types
 from resources.spark import is_connect
+
+FLOAT_BINS = "_fb"
+"""A group's exact floating-point sums, collected from its ``float_sums`` rows: an array of
+``(_t term, _b bin, _v part sum)`` structs (:mod:`ops.floatsum`)."""
 
 
 def _c(name: str) -> Column:
@@ -212,20 +216,54 @@ def _sum_type(dt: T.DataType, what: str) -> T.DataType:
     raise UnsupportedSqlError(f"{what} over a column of type {dt.simpleString()}", construct=what)
 
 
-def _square_type(dt: T.DataType) -> T.DataType:
-    if isinstance(dt, T.DecimalType):
-        return T.DecimalType(38, min(38, 2 * dt.scale))
-    return _sum_type(dt, "STDDEV/VARIANCE")
-
-
 @dataclass(frozen=True)
 class _Accumulator:
-    """State columns and result expressions of an accumulable branch."""
+    """State columns and result expressions of an accumulable branch.
+
+    ``float_terms``: the exact floating-point sums it keeps in its ``float_sums`` table, as
+    ``(term id, argument, squared)``; their results read :data:`FLOAT_BINS`."""
 
     contributions: list[Column]  # over an input update row, named state columns
     state_columns: list[str]
     results: list[Callable[[], Column]]  # over summed state columns, one per aggregate
     names: list[str]
+    float_terms: list[tuple[int, str, bool]] = field(default_factory=list)
+
+
+def _float_result(func: str, counters: Sequence[str], sum_term: int, square_term: int) -> Column:
+    """An exact floating-point aggregate's result over a group's summed state and its
+    :data:`FLOAT_BINS` (:func:`ops.floatsum.float_result`, run by Spark's Python workers).
+    A NaN result is decided here from the counts, as the kernel decides it: an Arrow UDF
+    hands a NaN back as NULL."""
+    n, nan, pinf, ninf = (_c(c) for c in counters)
+    if func in ("sum", "avg"):
+        special = (nan > 0) | ((pinf > 0) & (ninf > 0))
+        exists = n > 0
+    else:
+        special = (nan + pinf + ninf) > 0
+        exists = n > (1 if func.endswith("samp") else 0)
+    exact = _float_udf()(
+        F.lit(func),
+        *[_c(c) for c in counters],
+        _c(FLOAT_BINS),
+        F.lit(sum_term),
+        F.lit(square_term),
+    )
+    return F.when(exists & special, F.lit(float("nan"))).otherwise(exact)
+
+
+_FLOAT_UDF: list = []
+
+
+def _float_udf():
+    """The Python UDF of :func:`ops.floatsum.float_result`, made once. Its module is pickled
+    by value, so Spark's workers need only the standard library to run it."""
+    if not _FLOAT_UDF:
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(floatsum)
+        _FLOAT_UDF.append(F.udf(floatsum.float_result, T.DoubleType(), useArrow=True))
+    return _FLOAT_UDF[0]
 
 
 def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accumulator:
@@ -233,6 +271,7 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
     contributions = [diff.cast("bigint").alias("_rows")]
     state = ["_rows"]
     seen: set[str] = set()
+    float_terms: dict[tuple[str, bool], int] = {}
 
     def add(name: str, expr: Column) -> str:
         if name not in seen:
@@ -240,6 +279,9 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
             contributions.append(expr.alias(name))
             state.append(name)
         return name
+
+    def term(arg: str, squared: bool) -> int:
+        return float_terms.setdefault((arg, squared), len(float_terms))
 
     results: list[Callable[[], Column]] = []
     for a in aggregates:
@@ -252,6 +294,21 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
         func = a.func
         if func == "count":
             results.append(lambda nn=nn: _c(nn))
+        elif func in SUMMED and floatsum.is_exact(func, dt):
+            xd = x.cast("double")
+            counters = [nn]
+            for kind, test in (
+                ("nan", F.isnan(xd)),
+                ("pinf", xd == F.lit(float("inf"))),
+                ("ninf", xd == F.lit(float("-inf"))),
+            ):
+                when = F.when(x.isNotNull() & test, diff).otherwise(0).cast("bigint")
+                counters.append(add(f"_{kind}_{a.arg}", when))
+            total = term(a.arg, False)
+            square = term(a.arg, True) if func not in ("sum", "avg") else -1
+            results.append(
+                lambda f=func, c=counters, s=total, q=square: _float_result(f, c, s, q)
+            )
         elif func in SUMMED:
             st = _sum_type(dt, func.upper())
             total = add(f"_sum_{a.arg}", F.coalesce(_times_diff(x, dt, st), F.lit(0).cast(st)))
@@ -259,18 +316,8 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
                 results.append(lambda nn=nn, total=total, dt=dt: _sum_result(nn, total, dt))
             elif func == "avg":
                 results.append(lambda nn=nn, total=total, dt=dt: _avg_result(nn, total, dt))
-            else:
-                sq_t = _square_type(dt)
-                sq = add(
-                    f"_sq_{a.arg}",
-                    F.coalesce(
-                        _times_diff((x.cast(sq_t) * x.cast(sq_t)).cast(sq_t), sq_t, sq_t),
-                        F.lit(0).cast(sq_t),
-                    ),
-                )
-                results.append(
-                    lambda nn=nn, total=total, sq=sq, f=func: _var_result(nn, total, sq, f)
-                )
+            else:  # pragma: no cover - _exact_float takes every numeric VARIANCE/STDDEV
+                raise InvariantViolation(f"{func} over {dt.simpleString()} is not summed exactly")
         elif func in ("bool_and", "bool_or"):
             if not isinstance(dt, T.BooleanType):
                 raise UnsupportedSqlError(
@@ -283,7 +330,78 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
                 results.append(lambda nn=nn, t=true: F.when(_c(nn) > 0, _c(t) > 0))
         else:  # pragma: no cover - the planner routes only accumulable functions here
             raise InvariantViolation(f"{func} is not accumulable")
-    return _Accumulator(contributions, state, results, [a.name for a in aggregates])
+    terms = [(t, arg, sq) for (arg, sq), t in float_terms.items()]
+    return _Accumulator(contributions, state, results, [a.name for a in aggregates], terms)
+
+
+def _float_sums(acc: _Accumulator, delta: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The change's exact floating-point sums per ``(group, term, bin)``, the rows an epoch
+    appends to a ``float_sums`` table: each finite non-zero value's (or square's) parts
+    (:mod:`ops.floatsum`) times its ``_diff``, summed; zero sums dropped. Exponents and
+    mantissas are projected once per argument before the parts read them."""
+    args = list(dict.fromkeys(arg for _, arg, _ in acc.float_terms))
+    ks = [_c(k) for k in keys]
+    xs = delta.select(*ks, _c(DIFF), *[_c(a).cast("double").alias(f"_x{i}") for i, a in enumerate(args)])
+    ok = {
+        i: _c(f"_x{i}").isNotNull()
+        & ~F.isnan(_c(f"_x{i}"))
+        & (F.abs(_c(f"_x{i}")) != F.lit(float("inf")))
+        & (_c(f"_x{i}") != F.lit(0.0))
+        for i in range(len(args))
+    }
+    xs = xs.select(
+        "*",
+        *[
+            F.when(ok[i], floatsum.spark_exponent(_c(f"_x{i}"), F)).alias(f"_e{i}")
+            for i in range(len(args))
+        ],
+    )
+    mantissas = []
+    for i in range(len(args)):
+        m, t = floatsum.spark_mantissa(_c(f"_x{i}"), _c(f"_e{i}"), F)
+        mantissas += [m.alias(f"_m{i}"), t.alias(f"_p{i}"), (_c(f"_x{i}") < 0).alias(f"_n{i}")]
+    xs = xs.select(*ks, _c(DIFF), *mantissas)
+    diff = _c(DIFF).cast("bigint")
+    zero = F.lit(0).cast("bigint")
+    entries = []
+    for t, arg, squared in acc.float_terms:
+        i = args.index(arg)
+        m, p, neg = _c(f"_m{i}"), _c(f"_p{i}"), _c(f"_n{i}")
+        for b, part in floatsum.spark_parts(m, p, neg, F, squared):
+            entries.append(
+                F.struct(
+                    F.lit(t).alias("_t"),
+                    F.coalesce(b, F.lit(0)).alias("_b"),
+                    F.coalesce(part * diff, zero).alias("_v"),
+                )
+            )
+    exploded = xs.select(*ks, F.explode(F.array(*entries)).alias("_e"))
+    flat = exploded.select(
+        *ks,
+        F.col("_e._t").alias("_t"),
+        F.col("_e._b").alias("_b"),
+        F.col("_e._v").alias("_v"),
+    ).where(_c("_v") != 0)
+    sums = flat.groupBy(*ks, _c("_t"), _c("_b")).agg(F.sum(_c("_v")).cast("bigint").alias("_v"))
+    return sums.where(_c("_v") != 0)
+
+
+def _float_bins(
+    store: StateStore, table: StateTable, keys: Sequence[str], touched: DataFrame
+) -> DataFrame:
+    """The touched groups' exact floating-point sums at old and at new: ``(keys...,
+    _fb__old, _fb)``, each an array of ``(_t, _b, _v)`` (see :data:`FLOAT_BINS`)."""
+    rows = store.read(table, keys, touched, store.new)
+    per_bin = rows.groupBy(*[_c(k) for k in keys], _c("_t"), _c("_b")).agg(
+        F.sum(_c("_v")).alias("_v"),
+        F.sum(F.when(_c(TIME) <= store.old, _c("_v")).otherwise(0)).alias("_v_old"),
+    )
+    return per_bin.groupBy(*[_c(k) for k in keys]).agg(
+        F.collect_list(F.struct(_c("_t"), _c("_b"), _c("_v_old").alias("_v"))).alias(
+            f"{FLOAT_BINS}__old"
+        ),
+        F.collect_list(F.struct(_c("_t"), _c("_b"), _c("_v"))).alias(FLOAT_BINS),
+    )
 
 
 def _times_diff(x: Column, dt: T.DataType, st: T.DataType) -> Column:
@@ -337,17 +455,6 @@ def _avg_result(nn: str, total: str, dt: T.DataType) -> Column:
     return F.when(_c(nn) > 0, _c(total).cast("double") / _c(nn).cast("double"))
 
 
-def _var_result(nn: str, total: str, sq: str, func: str) -> Column:
-    """Variance from exact sums: ``(n * Σx² - (Σx)²) / (n * (n - ddof))``, the numerator
-    exact for integers and decimals, one division in double."""
-    n = _c(nn)
-    numerator = (n.cast("decimal(20,0)") * _c(sq) - _c(total) * _c(total)).cast("double")
-    ddof = 1 if func.endswith("samp") else 0
-    var = F.greatest(numerator, F.lit(0.0)) / (n.cast("double") * (n - ddof).cast("double"))
-    result = F.sqrt(var) if func.startswith("stddev") else var
-    return F.when(n > ddof, result)
-
-
 def _group_sums(
     acc: _Accumulator, delta: DataFrame, keys: Sequence[str], presummed: bool = False
 ) -> DataFrame:
@@ -373,10 +480,15 @@ def _results(acc: _Accumulator, keys: Sequence[str], state: DataFrame) -> DataFr
 
 
 def _accumulated_values(
-    store: StateStore, table: StateTable, acc: _Accumulator, groups: _Groups
+    store: StateStore,
+    table: StateTable,
+    acc: _Accumulator,
+    groups: _Groups,
+    floats: StateTable | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """The branch's results for the touched groups at old and at new (existing groups only;
-    a global reduce always has its one row, once the view exists)."""
+    a global reduce always has its one row, once the view exists). ``floats``: the branch's
+    ``float_sums`` table, read when it keeps exact floating-point sums."""
     keys, touched, global_row = groups.keys, groups.touched, groups.global_row
     rows = store.read(table, keys, touched, store.new)
     sums = rows.groupBy(*[_c(k) for k in keys]).agg(
@@ -388,6 +500,9 @@ def _accumulated_values(
     )
     if global_row:  # the one row exists even when no state row does
         sums = touched.join(sums, on=list(keys), how="left")
+    exact = acc.float_terms and floats is not None
+    if exact:
+        sums = _join_on(sums, _float_bins(store, floats, keys, touched), keys, "left")
     out = []
     for suffix in ("__old", ""):
         cols = [
@@ -396,6 +511,8 @@ def _accumulated_values(
             .alias(n)
             for n in acc.state_columns
         ]
+        if exact:
+            cols.append(_c(f"{FLOAT_BINS}{suffix}").alias(FLOAT_BINS))
         state = sums.select(*[_c(k) for k in keys], *cols)
         if not global_row:
             state = state.where(_c("_rows") > 0)
@@ -732,7 +849,7 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         keys = [GLOBAL_KEY]
     delta = delta.where(_c(DIFF) != 0)
     schema = delta.schema
-    grain = presum_grain(node)
+    grain = None if _exact_floats(node, schema) else presum_grain(node)
     presum = _presum(node, delta, grain) if grain is not None else None
     if presum is not None:
         delta = materialize(presum)
@@ -758,6 +875,18 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         old.select(*out_cols, stamp, F.lit(-1).cast("bigint").alias(DIFF))
     )
     return consolidate(change, node.columns)
+
+
+def _exact_floats(node: Reduce, schema: T.StructType) -> bool:
+    """Whether a plain (not DISTINCT) aggregate of ``node`` keeps exact floating-point sums:
+    their parts are summed per group from the input's rows, so the input is not presummed."""
+    return any(
+        a.kind == "accumulable"
+        and not a.distinct
+        and a.arg is not None
+        and floatsum.is_exact(a.func, schema[a.arg].dataType)
+        for a in node.aggregates
+    )
 
 
 def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -> DataFrame:
@@ -816,6 +945,14 @@ def _branch_values(
         acc = _accumulator(branch.aggregates, schema)
         table = branch.tables[-1]
         sums = _group_sums(acc, delta, keys, presummed and not branch.distinct)
+        floats = branch.float_table
+        if acc.float_terms:
+            if floats is None:  # pragma: no cover - the planner gives SUMMED branches one
+                raise InvariantViolation(f"{branch.name}: no table for its floating-point sums")
+            stamp = F.lit(store.new).cast("bigint")
+            store.write(floats, _float_sums(acc, delta, keys).withColumn(TIME, stamp))
+            store.write(table, sums.withColumn(TIME, stamp))
+            return _accumulated_values(store, table, acc, groups, floats)
         if not groups.global_row:
             held = accumulate_on_driver(store, table, sums, keys, acc.state_columns, groups.held)
             if held is not None:

@@ -23,6 +23,7 @@ import itertools
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Mapping
 
 from ivm.errors import IvmError
@@ -158,6 +159,10 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         ),
     }
     conf.update(overrides or {})
+    if conf["spark.master"].startswith("local") and "spark.pyspark.python" not in conf:
+        # Python workers (exact floating-point results, ops.floatsum) run this interpreter,
+        # which has PySpark, rather than whatever `python3` the PATH finds.
+        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON") or sys.executable
     if remote_url(overrides) is not None:
         # A Spark Connect client sets only its session's SQL settings: the server (started by
         # `serve` with the same settings) owns the JVM, the master and the static ones.

@@ -82,21 +82,50 @@ class StateTable:
     ``format`` changes when the same table comes to hold its columns another way: a view's
     commits record it (see ``ivm.engine``), and state of an older format is rebuilt rather
     than continued. 2: sums of decimals keep every decimal place (format 1 rounded the
-    contributions of ``decimal(p, s)`` with ``s`` > 6 to 6 places).
+    contributions of ``decimal(p, s)`` with ``s`` > 6 to 6 places). 3: sums of floating
+    point (and every VARIANCE/STDDEV) are kept exactly in a ``float_sums`` table beside it
+    (:mod:`ops.floatsum`), with NaN and infinity counts here; format 2 kept running doubles.
+
+    ``hash`` names the function that places a tower's rows in buckets: state bucketed by
+    another function cannot be continued either, so it is part of the layout too.
     """
 
     name: str
     key: tuple[str, ...]
     holds: str
     format: int = 1
+    hash: str | None = None
 
 
 SUMMED = frozenset({"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_pop"})
 """Accumulable aggregates whose state holds sums of their argument."""
 
 
+BUCKET_HASH = "xxhash64(seed 42)"
+"""How tower rows are bucketed: Spark's ``xxhash64`` (``ops.reduce._bucket``), reproduced on
+the driver by ``ops.local_reduce.spark_xxhash64``. Recorded in each tower table's layout."""
+
+FLOAT_SUMS_KEY = ("_t", "_b")
+"""Key columns of a ``float_sums`` table after the group keys: the sum's term and bin."""
+
+
 def _sums_format(aggregates: Sequence[Aggregate]) -> int:
-    return 2 if any(a.func in SUMMED for a in aggregates) else 1
+    return 3 if any(a.func in SUMMED for a in aggregates) else 1
+
+
+def _sums_tables(prefix: str, sk: tuple[str, ...], holds: str, aggs: Sequence[Aggregate]):
+    """An accumulable branch's state tables: its sums per group last, and before it (when
+    it sums values) the exact floating-point sums per group, term and bin."""
+    sums = StateTable(prefix, sk, holds, _sums_format(aggs))
+    if not any(a.func in SUMMED for a in aggs):
+        return (sums,)
+    floats = StateTable(
+        f"{prefix}.float_sums",
+        (*sk, *FLOAT_SUMS_KEY),
+        "per group, term and bin: exact sums of floating-point values and their squares "
+        "(for SUM/AVG of floating point and for VARIANCE/STDDEV)",
+    )
+    return (floats, sums)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +153,11 @@ class Branch:
     tables: tuple[StateTable, ...] = ()
 
     @property
+    def float_table(self) -> StateTable | None:
+        """An accumulable branch's exact floating-point sums (:mod:`ops.floatsum`), if any."""
+        return next((t for t in self.tables if t.name.endswith(".float_sums")), None)
+
+    @property
     def state_keys(self) -> tuple[str, ...]:
         """The key columns of its per-group state (a constant one when there are no keys)."""
         return self.keys or (GLOBAL_KEY,)
@@ -133,12 +167,17 @@ def _tower_tables(prefix: str, keys: tuple[str, ...], levels: int, what: str) ->
     if levels == 0:
         return (StateTable(f"{prefix}.top", keys or (GLOBAL_KEY,), f"per group: {what}"),)
     tables = [
-        StateTable(f"{prefix}.l0", (*keys, "_p", "_b"), "input values with counts, by bucket")
+        StateTable(
+            f"{prefix}.l0",
+            (*keys, "_p", "_b"),
+            "input values with counts, by bucket",
+            hash=BUCKET_HASH,
+        )
     ]
     for level in range(1, levels + 1):
         span = 16**levels // 16**level
         holds = f"{what} of each of {span} bucket(s) per group" if span > 1 else f"{what} per group"
-        tables.append(StateTable(f"{prefix}.l{level}", (*keys, "_p", "_b"), holds))
+        tables.append(StateTable(f"{prefix}.l{level}", (*keys, "_p", "_b"), holds, hash=BUCKET_HASH))
     return tuple(tables)
 
 
@@ -157,7 +196,7 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
                 "accumulable",
                 keys,
                 tuple(plain_acc),
-                tables=(StateTable(f"{label}.accumulable", sk, holds, _sums_format(plain_acc)),),
+                tables=_sums_tables(f"{label}.accumulable", sk, holds, plain_acc),
             )
         )
     hier: dict[str, list[Aggregate]] = {}
@@ -211,13 +250,11 @@ def reduce_branches(node: Reduce) -> tuple[Branch, ...]:
                 continue
             tables: tuple[StateTable, ...] = (dtable,)
             if kind == "accumulable":
-                tables += (
-                    StateTable(
-                        f"{label}.distinct_{column}.accumulable",
-                        sk,
-                        "per group: counts and sums of the distinct values",
-                        _sums_format(mine),
-                    ),
+                tables += _sums_tables(
+                    f"{label}.distinct_{column}.accumulable",
+                    sk,
+                    "per group: counts and sums of the distinct values",
+                    mine,
                 )
             out.append(
                 Branch(kind, f"{kind}(DISTINCT {column})", keys, mine, column, True, 0, tables)
