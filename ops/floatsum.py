@@ -1,49 +1,41 @@
 """Exact sums of doubles: the kernel both renderers share for SUM, AVG, VARIANCE and STDDEV
 over floating point.
 
-A double is ``m * 2^t`` with an integer ``|m| < 2^53``, so a sum of doubles is an integer
-multiple of ``2^-OFFSET``. This module keeps such a sum exactly, as integers per 32-bit *bin*
-of that fixed-point number: a value adds ``sign * part`` to each of the (at most three) bins
-its bits fall in, and bins add up as plain 64-bit integers, in any order, on any number of
-tasks. Retracting a value subtracts the same parts, so after any sequence of inserts and
-deletes the bins hold the exact sum of the values present: ``(data, time, diff)`` updates
-contribute ``diff * part`` and the state at ``t`` is the sum of the contributions up to ``t``
-(the accumulable branch's contract, :mod:`ops.reduce`). A square ``x^2 = m^2 * 2^(2t)`` is
-kept the same way (``m^2`` split into three integer terms), so ``Σx²`` is exact too and the
-variance is computed from exact sums in rational arithmetic.
+A finite double is ``m * 2^e`` with an integer ``|m| < 2^53`` and ``e`` the lowest bit its
+exponent can hold, so values of one exponent add up exactly as integers: this module keeps,
+per group, argument and exponent ``e``, the exact sums ``Σ m * diff`` (``_v``) and, for
+variances, ``Σ m² * diff`` split in two (``_qh = Σ mh² * diff`` at ``2^(2e + 54)`` and ``_ql
+= Σ (2 mh ml 2^27 + ml²) * diff`` at ``2^(2e)``, with ``m = mh 2^27 + ml``), each a
+DECIMAL(38, 0) that holds 2^72 rows' worth. Sums of several exponents add up in any order, on
+any number of tasks, and retracting a value subtracts what it added, so after any sequence of
+inserts and deletes the state holds the exact sums of the values present: ``(data, time,
+diff)`` updates contribute ``diff`` times their terms, and the state at ``t`` is the sum of the
+contributions up to ``t`` (the accumulable branch's contract, :mod:`ops.reduce`).
 
 Results are rounded once, from the exact value: SUM is the exact sum rounded to the nearest
 double (Python's ``math.fsum`` gives the same value), AVG the exact quotient rounded once,
 VARIANCE the exact ``(Σx² - (Σx)²/n) / (n - ddof)`` rounded once and STDDEV its square root.
-NaN and infinities are counted beside the bins, as Spark combines them: a NaN, or both
+NaN and infinities are counted beside the sums, as Spark combines them: a NaN, or both
 infinities, make the SUM and AVG NaN; one infinity makes them that infinity; any of them makes
 a VARIANCE or STDDEV NaN. A finite sum past the double range is an infinity of its sign.
 
-The bins of one value, for Spark, are :func:`spark_parts` (column expressions only: exact
-integer arithmetic on ``m`` and ``t`` from :func:`spark_exponent` and :func:`spark_mantissa`);
-for the driver (and tests), :func:`parts`. This module imports
-only the standard library at the top: Spark's Python workers run :func:`float_result`.
+A value's terms, for Spark, are :func:`spark_exponent` and :func:`spark_mantissa` (column
+expressions, exact); for the driver (and tests), :func:`terms`. This module imports only the
+standard library at the top: Spark's Python workers run :func:`arrow_results`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from fractions import Fraction
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-BIN_BITS = 32
-"""Width of a bin: a part is below 2^32, so 2^31 contributions of a bin fit a BIGINT sum."""
-
 OFFSET = 2304
-"""Bit position 0 of the fixed-point sums is ``2^-OFFSET``: below the lowest bit of a square of
-the smallest double (``2^-2148``), a multiple of :data:`BIN_BITS`."""
+"""Sums are computed in units of ``2^-OFFSET``: below the lowest bit of the square of the
+smallest double (``2^-2252`` with ``e = -1126``)."""
 
-TERMS_PER_VALUE = 3
-"""A value's integer terms: ``m`` alone for ``x``; ``m²``'s three for ``x²``."""
-
-_HALF = 26  # m = mh * 2^26 + ml with mh < 2^27, ml < 2^26: each term of m² fits 55 bits
-
+HALF = 27
+"""``m = mh * 2^HALF + ml``: ``mh² < 2^52`` and ``2 mh ml 2^27 + ml² < 2^82``."""
 
 SUMMED_EXACTLY = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
 
@@ -60,59 +52,33 @@ def is_exact(func: str, t: Any) -> bool:
     return func in SUMMED_EXACTLY and isinstance(t, T.NumericType)
 
 
-def _frexp_int(x: float) -> tuple[int, int]:
-    """``(m, t)`` with ``x == m * 2^t`` exactly and ``|m| < 2^53`` (the lowest bit position
-    a double of this exponent can hold: ``t = max(e, -1022) - 52``)."""
-    if x == 0:
-        return 0, -1074
-    _, e = math.frexp(x)  # x = f * 2^e, 0.5 <= |f| < 1
-    t = max(e - 1, -1022) - 52
-    return int(x * 2.0 ** (-t // 2) * 2.0 ** (-t - (-t // 2))), t
+def terms(x: float) -> tuple[int, int, int, int]:
+    """``(e, m, qh, ql)`` of a finite non-zero ``x``: ``x == m * 2^e`` (``|m| < 2^53``, ``e``
+    the lowest bit a double of this exponent holds) and ``x² == qh * 2^(2e + 54) + ql *
+    2^(2e)``."""
+    _, f = math.frexp(x)  # x = g * 2^f, 0.5 <= |g| < 1
+    e = max(f - 1, -1022) - 52
+    m = int(x * 2.0 ** (-e // 2) * 2.0 ** (-e - (-e // 2)))  # two exact scalings
+    mh, ml = abs(m) >> HALF, abs(m) & ((1 << HALF) - 1)
+    return e, m, mh * mh, ((2 * mh * ml) << HALF) + ml * ml
 
 
-def terms(x: float, squared: bool) -> list[tuple[int, int]]:
-    """The integer terms ``(v, position)`` whose ``Σ v * 2^position`` is ``x`` (or ``x²``),
-    each ``0 <= v < 2^55`` (signs apart: see :func:`parts`)."""
-    m, t = _frexp_int(x)
-    m = abs(m)
-    if not squared:
-        return [(m, t)]
-    mh, ml = m >> _HALF, m & ((1 << _HALF) - 1)
-    return [(mh * mh, 2 * t + 2 * _HALF), (2 * mh * ml, 2 * t + _HALF), (ml * ml, 2 * t)]
+def fixed(rows: Iterable[tuple[int, int, int, int]]) -> tuple[int, int]:
+    """``(Σx, Σx²)`` in units of ``2^-OFFSET`` from ``(e, v, qh, ql)`` sums per exponent."""
+    total = squares = 0
+    for e, v, qh, ql in rows:
+        total += v << (e + OFFSET)
+        squares += (qh << (2 * e + 2 * HALF + OFFSET)) + (ql << (2 * e + OFFSET))
+    return total, squares
 
 
-def _split(v: int, position: int) -> list[tuple[int, int]]:
-    """``v * 2^position`` as ``(bin, part)`` pairs, parts below ``2^BIN_BITS``."""
-    a = position + OFFSET
-    b, o = divmod(a, BIN_BITS)
-    mask = (1 << BIN_BITS) - 1
-    shifted = v << o
-    return [(b + i, (shifted >> (BIN_BITS * i)) & mask) for i in range(3)]
-
-
-def parts(x: float, squared: bool = False) -> dict[int, int]:
-    """The signed bin parts of a finite ``x`` (or of ``x²``): ``Σ part * 2^(32 * bin - OFFSET)``
-    equals it exactly."""
-    sign = -1 if (x < 0 and not squared) else 1
-    out: dict[int, int] = {}
-    for v, position in terms(x, squared):
-        for b, p in _split(v, position):
-            if p:
-                out[b] = out.get(b, 0) + sign * p
-    return out
-
-
-def fixed(bins: Iterable[tuple[int, int]]) -> int:
-    """The exact sum held by ``(bin, part sum)`` pairs, in units of ``2^-OFFSET``."""
-    return sum(v << (BIN_BITS * b) for b, v in bins)
-
-
-def _round(q: Fraction) -> float:
-    """``q`` rounded once to the nearest double (an infinity past the range)."""
+def _divide(numerator: int, denominator: int) -> float:
+    """``numerator / denominator`` rounded once to the nearest double (Python's ``int / int``
+    is correctly rounded), an infinity past the range."""
     try:
-        return q.numerator / q.denominator  # int / int: correctly rounded
+        return numerator / denominator
     except OverflowError:
-        return math.inf if q > 0 else -math.inf
+        return math.inf if (numerator > 0) == (denominator > 0) else -math.inf
 
 
 def _special(nan: int, pinf: int, ninf: int) -> float | None:
@@ -132,50 +98,64 @@ def exact_result(
     """An aggregate's value from its exact state: ``n`` non-NULL values (NaN and infinities
     among them, counted apart), ``total`` = Σx and ``squares`` = Σx² of the finite ones in
     units of ``2^-OFFSET``. ``func`` is ``sum``, ``avg``, ``var_samp``, ``var_pop``,
-    ``stddev_samp`` or ``stddev_pop``.
+    ``stddev_samp`` or ``stddev_pop``. Integer arithmetic throughout, one rounding.
 
-    >>> exact_result("sum", 2, 0, 0, 0, fixed(parts(1.0).items()) + fixed(parts(0.5).items()), 0)
+    >>> total, _ = fixed([terms(1.0), terms(0.5)])
+    >>> exact_result("sum", 2, 0, 0, 0, total, 0)
     1.5
     """
     if n <= 0:
         return None
-    unit = Fraction(1, 1 << OFFSET)
     if func in ("sum", "avg"):
         special = _special(nan, pinf, ninf)
         if special is not None:
             return special
-        return _round(total * unit / (n if func == "avg" else 1))
+        return _divide(total, (n if func == "avg" else 1) << OFFSET)
     ddof = 1 if func.endswith("samp") else 0
     if n <= ddof:
         return None
     if nan or pinf or ninf:
         return math.nan
-    m2 = squares * unit - (total * unit) ** 2 / n  # exact: Σx² - (Σx)²/n
-    var = max(m2, Fraction(0)) / (n - ddof)
-    if func.startswith("stddev"):
-        return math.sqrt(_round(var))
-    return _round(var)
+    # Σx² - (Σx)²/n = (n * squares * 2^OFFSET - total²) / (n * 2^(2 * OFFSET)), exactly
+    numerator = max(n * (squares << OFFSET) - total * total, 0)
+    var = _divide(numerator, (n * (n - ddof)) << (2 * OFFSET))
+    return math.sqrt(var) if func.startswith("stddev") else var
 
 
-def float_result(
-    func: str,
-    n: int | None,
-    nan: int | None,
-    pinf: int | None,
-    ninf: int | None,
-    bins: Sequence[Mapping[str, Any]] | None,
-    sum_term: int,
-    square_term: int,
-) -> float | None:
-    """:func:`exact_result` from a group's collected bins (``{"_t", "_b", "_v"}`` rows: term,
-    bin, part sum), as Spark's Python workers evaluate it (see :mod:`ops.reduce`)."""
-    total = squares = 0
-    for row in bins or ():
-        if row["_t"] == sum_term:
-            total += row["_v"] << (BIN_BITS * row["_b"])
-        elif row["_t"] == square_term:
-            squares += row["_v"] << (BIN_BITS * row["_b"])
-    return exact_result(func, n or 0, nan or 0, pinf or 0, ninf or 0, total, squares)
+def arrow_results(batches: Iterable[Any], specs: Sequence[tuple]) -> Iterator[Any]:
+    """Spark's ``mapInArrow`` over a branch's per-group state: each batch gets a column ``_fr``
+    holding, per row, :func:`exact_result` of each spec ``(func, n column, nan column, pinf
+    column, ninf column, argument)`` from the row's ``_fb`` sums (a list of ``(_t argument,
+    _b exponent, _v, _qh, _ql)``). Runs in Spark's Python workers."""
+    import pyarrow as pa
+
+    for batch in batches:
+        sums = batch.column("_fb")
+        valid = sums.is_valid().to_pylist()
+        offsets = sums.offsets.to_pylist()  # into sums.values, slices included
+        arg, e, v, qh, ql = (a.to_pylist() for a in sums.values.flatten())
+        counts = {c: batch.column(c).to_pylist() for spec in specs for c in spec[1:5]}
+        out = []
+        for row in range(batch.num_rows):
+            per_arg: dict[int, list] = {}
+            if valid[row]:
+                for j in range(offsets[row], offsets[row + 1]):
+                    per_arg.setdefault(arg[j], []).append((e[j], int(v[j]), int(qh[j]), int(ql[j])))
+            exact = {a: fixed(rows) for a, rows in per_arg.items()}
+            out.append(
+                [
+                    exact_result(
+                        func,
+                        *[counts[c][row] or 0 for c in (n, nan, pinf, ninf)],
+                        *exact.get(a, (0, 0)),
+                    )
+                    for func, n, nan, pinf, ninf, a in specs
+                ]
+            )
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.array(out, pa.list_(pa.float64()))],
+            names=[*batch.schema.names, "_fr"],
+        )
 
 
 def spark_exponent(x: Any, F: Any) -> Any:
@@ -191,50 +171,19 @@ def spark_exponent(x: Any, F: Any) -> Any:
     )
 
 
-def spark_mantissa(x: Any, e: Any, F: Any) -> tuple[Any, Any]:
-    """``(|m|, t)`` of :func:`_frexp_int` for a DOUBLE column ``x`` and its exponent column
-    ``e`` (:func:`spark_exponent`): the scaling by ``2^-t`` is two exact multiplications by
-    powers of two (one would overflow for the smallest doubles)."""
+def spark_mantissa(x: Any, e: Any, F: Any) -> tuple[Any, Any, Any, Any]:
+    """``(e, m, qh, ql)`` of :func:`terms` as columns, for a DOUBLE column ``x`` and its
+    :func:`spark_exponent` ``e`` (NULL for a zero or non-finite ``x``): ``m`` a BIGINT (the
+    scaling by ``2^-e`` is two exact multiplications by powers of two: one would overflow for
+    the smallest doubles), ``qh`` and ``ql`` DECIMAL(38, 0)."""
     two = F.lit(2.0)
-    t = F.when(e.isNotNull(), F.greatest(e, F.lit(-1022)) - 52)  # greatest() skips NULLs
-    half = F.floor(-t / 2).cast("int")
-    m = (F.abs(x) * F.pow(two, half) * F.pow(two, -t - half)).cast("bigint")
-    return m, t
-
-
-def spark_parts(m: Any, t: Any, negative: Any, F: Any, squared: bool) -> list[tuple[Any, Any]]:
-    """The ``(bin, signed part)`` column pairs :func:`parts` computes, from a value's
-    :func:`spark_mantissa` columns and whether it is negative (``F``:
-    ``pyspark.sql.functions``); a bin that holds nothing has a zero part. Exact integer
-    expressions: shifts and masks on BIGINTs, a shift of 64 guarded (Java reduces shift
-    counts mod 64)."""
-
-    def shl(a: Any, n: Any) -> Any:
-        return F.call_function("shiftleft", a, n)
-
-    def shr(a: Any, n: Any) -> Any:
-        return F.call_function("shiftright", a, n)
-
-    if squared:
-        mh, ml = shr(m, F.lit(_HALF)), m.bitwiseAND(F.lit((1 << _HALF) - 1).cast("bigint"))
-        items = [
-            (mh * mh, 2 * t + 2 * _HALF),
-            (F.lit(2) * mh * ml, 2 * t + _HALF),
-            (ml * ml, 2 * t),
-        ]
-        sign = F.lit(1).cast("bigint")
-    else:
-        items = [(m, t)]
-        sign = F.when(negative, -1).otherwise(1).cast("bigint")
-    out = []
-    mask = F.lit((1 << BIN_BITS) - 1).cast("bigint")
-    one = F.lit(1).cast("bigint")
-    for v, position in items:
-        a = position + OFFSET
-        b = F.floor(a / BIN_BITS).cast("int")
-        o = F.pmod(a, F.lit(BIN_BITS))
-        low = shl(v.bitwiseAND(shl(one, BIN_BITS - o) - 1), o)
-        mid = shr(v, BIN_BITS - o).bitwiseAND(mask)
-        high = F.when(o == 0, F.lit(0).cast("bigint")).otherwise(shr(v, 2 * BIN_BITS - o))
-        out += [(b, sign * low), (b + 1, sign * mid), (b + 2, sign * high)]
-    return out
+    low = F.when(e.isNotNull(), F.greatest(e, F.lit(-1022)) - 52)  # greatest() skips NULLs
+    half = F.floor(-low / 2).cast("int")
+    m = (x * F.pow(two, half) * F.pow(two, -low - half)).cast("bigint")
+    am = F.abs(m)
+    mh = F.call_function("shiftright", am, F.lit(HALF))
+    ml = am.bitwiseAND(F.lit((1 << HALF) - 1).cast("bigint"))
+    dec = "decimal(38,0)"
+    qh = (mh * mh).cast(dec)
+    ql = (F.lit(2) * mh * ml).cast(dec) * F.lit(1 << HALF).cast(dec) + (ml * ml).cast(dec)
+    return low, m, qh, ql.cast(dec)

@@ -206,26 +206,35 @@ class _Accumulable:
                 out[tuple(r[k] for k in keys)] = sums
         return out
 
+    @property
+    def float_args(self) -> list[str]:
+        """The arguments kept as exact floating-point sums, in the order Spark's path numbers
+        them (``_t`` of a ``float_sums`` row)."""
+        return [arg for arg, squared in self.float_terms if not squared]
+
     def float_sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, dict]:
         """Per group, the exact floating-point sums of ``rows`` (updates with ``_diff``) as
-        ``{(term, bin): part sum}`` (:func:`ops.floatsum.parts`, the bins Spark's path
-        computes); zero sums dropped."""
+        ``{(argument, exponent): [v, qh, ql]}`` (:func:`ops.floatsum.terms` times ``_diff``,
+        the rows Spark's path sums); all-zero entries dropped."""
         out: dict[Group, dict] = {}
-        if not self.float_terms:
-            return out
-        args = list(dict.fromkeys(arg for arg, _ in self.float_terms))
+        args = self.float_args
+        squared = {arg for arg, sq in self.float_terms if sq}
         for r in rows.select([*keys, *args, DIFF]).to_pylist():
-            bins = out.setdefault(tuple(r[k] for k in keys), {})
-            for (arg, squared), term in self.float_terms.items():
+            sums = out.setdefault(tuple(r[k] for k in keys), {})
+            for i, arg in enumerate(args):
                 x = r[arg]
                 if x is None:
                     continue
-                x = float(x)  # a DECIMAL's VARIANCE: Spark's double of it
+                x = float(x)  # a DECIMAL's or an integer's VARIANCE: Spark's double of it
                 if x == 0 or not math.isfinite(x):
                     continue
-                for b, part in floatsum.parts(x, squared).items():
-                    bins[(term, b)] = bins.get((term, b), 0) + part * r[DIFF]
-        return {g: {k: v for k, v in bins.items() if v} for g, bins in out.items()}
+                e, m, qh, ql = floatsum.terms(x)
+                at = sums.setdefault((i, e), [0, 0, 0])
+                at[0] += m * r[DIFF]
+                if arg in squared:
+                    at[1] += qh * r[DIFF]
+                    at[2] += ql * r[DIFF]
+        return {g: {k: v for k, v in at.items() if any(v)} for g, at in out.items()}
 
     def state_type(self, kind: str, arg: str | None) -> pa.DataType:
         if kind != "sum":
@@ -272,15 +281,12 @@ class _Accumulable:
                 out.append(self._summed_result(a, Decimal(at[f"_sum_{a.arg}"]), nn))
         return out
 
-    def _float_result(self, a: Aggregate, at: dict[str, Any], bins: dict) -> float | None:
+    def _float_result(self, a: Aggregate, at: dict[str, Any], sums: dict) -> float | None:
         arg = a.arg or ""
-        total, square = self.float_terms[(arg, False)], self.float_terms.get((arg, True))
-        sums = [0, 0]
-        for (term, b), v in bins.items():
-            if term in (total, square):
-                sums[term != total] += v << (floatsum.BIN_BITS * b)
+        i = self.float_args.index(arg)
+        exact = floatsum.fixed((e, *v) for (j, e), v in sums.items() if j == i)
         counts = [int(at[f"_{k}_{arg}"]) for k in ("nn", "nan", "pinf", "ninf")]
-        return floatsum.exact_result(a.func, *counts, *sums)
+        return floatsum.exact_result(a.func, *counts, *exact)
 
     def _summed_result(self, a: Aggregate, total: Decimal, nn: int) -> Any:
         t = self.types[a.arg or ""]
@@ -469,8 +475,9 @@ def _float_state(
     store: Any,
 ) -> tuple[dict[Group, dict], dict[Group, dict]]:
     """Write an accumulable branch's exact floating-point sums' change to its ``float_sums``
-    table (``(keys..., _t, _b, _v, _time)``, the rows :func:`ops.reduce._float_sums` writes);
-    the touched groups' sums ``{(term, bin): sum}`` at old and at new."""
+    table (``(keys..., _t, _b, _v, _qh, _ql, _time)``, the rows :func:`ops.reduce._float_sums`
+    writes); the touched groups' sums ``{(argument, exponent): [v, qh, ql]}`` at old and at
+    new."""
     table = branch.float_table
     if not acc.float_terms or table is None:
         return {}, {}
@@ -478,30 +485,37 @@ def _float_state(
     before = store.read_rows(table, keys, probe, store.old)
     if before is None:
         raise NotOnDriver(f"{branch.name}: the touched groups' float sums are Spark's to read")
+    names = ("_v", "_qh", "_ql")
     old: dict[Group, dict] = {}
     for r in before.to_pylist():
-        at = old.setdefault(tuple(r[k] for k in keys), {})
-        at[(r["_t"], r["_b"])] = at.get((r["_t"], r["_b"]), 0) + r["_v"]
-    new = {g: dict(at) for g, at in old.items()}
+        at = old.setdefault(tuple(r[k] for k in keys), {}).setdefault((r["_t"], r["_b"]), [0] * 3)
+        for i, n in enumerate(names):
+            at[i] += int(r[n])
+    new = {g: {k: list(v) for k, v in at.items()} for g, at in old.items()}
     for g, at in change.items():
         mine = new.setdefault(g, {})
         for k, v in at.items():
-            mine[k] = mine.get(k, 0) + v
-    key_fields = [rows.schema.field(k) for k in keys]
+            mine[k] = [a + b for a, b in zip(mine.get(k, [0] * 3), v, strict=True)]
     written = pa.schema(
         [
-            *key_fields,
+            *(rows.schema.field(k) for k in keys),
             pa.field("_t", pa.int32()),
             pa.field("_b", pa.int32()),
-            pa.field("_v", pa.int64()),
+            *(pa.field(n, pa.decimal128(38, 0)) for n in names),
             pa.field(TIME, pa.int64()),
         ]
     )
     update = pa.Table.from_pylist(
         [
-            {**dict(zip(keys, g, strict=True)), "_t": t, "_b": b, "_v": v, TIME: store.new}
+            {
+                **dict(zip(keys, g, strict=True)),
+                "_t": t,
+                "_b": e,
+                **{n: Decimal(x) for n, x in zip(names, v, strict=True)},
+                TIME: store.new,
+            }
             for g, at in change.items()
-            for (t, b), v in sorted(at.items())
+            for (t, e), v in sorted(at.items())
         ],
         schema=written,
     )

@@ -221,49 +221,30 @@ class _Accumulator:
     """State columns and result expressions of an accumulable branch.
 
     ``float_terms``: the exact floating-point sums it keeps in its ``float_sums`` table, as
-    ``(term id, argument, squared)``; their results read :data:`FLOAT_BINS`."""
+    ``(term id, argument, squared)``; ``float_specs``: the aggregates computed from them
+    (:func:`ops.floatsum.arrow_results`), whose results read :data:`FLOAT_RESULTS`."""
 
     contributions: list[Column]  # over an input update row, named state columns
     state_columns: list[str]
     results: list[Callable[[], Column]]  # over summed state columns, one per aggregate
     names: list[str]
     float_terms: list[tuple[int, str, bool]] = field(default_factory=list)
+    float_specs: list[tuple] = field(default_factory=list)  # see ops.floatsum.arrow_results
 
 
-def _float_result(func: str, counters: Sequence[str], sum_term: int, square_term: int) -> Column:
-    """An exact floating-point aggregate's result over a group's summed state and its
-    :data:`FLOAT_BINS` (:func:`ops.floatsum.float_result`, run by Spark's Python workers).
-    A NaN result is decided here from the counts, as the kernel decides it: an Arrow UDF
-    hands a NaN back as NULL."""
-    n, nan, pinf, ninf = (_c(c) for c in counters)
-    if func in ("sum", "avg"):
-        special = (nan > 0) | ((pinf > 0) & (ninf > 0))
-        exists = n > 0
-    else:
-        special = (nan + pinf + ninf) > 0
-        exists = n > (1 if func.endswith("samp") else 0)
-    exact = _float_udf()(
-        F.lit(func),
-        *[_c(c) for c in counters],
-        _c(FLOAT_BINS),
-        F.lit(sum_term),
-        F.lit(square_term),
-    )
-    return F.when(exists & special, F.lit(float("nan"))).otherwise(exact)
+FLOAT_RESULTS = "_fr"
+"""The exact floating-point aggregates' values of a group, in the accumulator's order."""
 
 
-_FLOAT_UDF: list = []
+def _with_float_results(state: DataFrame, acc: _Accumulator) -> DataFrame:
+    """``state`` with :data:`FLOAT_RESULTS` computed from its counts and :data:`FLOAT_BINS` by
+    :func:`ops.floatsum.arrow_results` (Arrow batches in Spark's Python workers; the module is
+    pickled by value, so they need only the standard library and pyarrow)."""
+    from pyspark import cloudpickle
 
-
-def _float_udf():
-    """The Python UDF of :func:`ops.floatsum.float_result`, made once. Its module is pickled
-    by value, so Spark's workers need only the standard library to run it."""
-    if not _FLOAT_UDF:
-        from pyspark import cloudpickle
-
-        cloudpickle.register_pickle_by_value(floatsum)
-        _FLOAT_UDF.append(F.udf(floatsum.float_result, T.DoubleType(), useArrow=True))
-    return _FLOAT_UDF[0]
+    cloudpickle.register_pickle_by_value(floatsum)
+    schema = T.StructType([*state.schema.fields, T.StructField(FLOAT_RESULTS, T.ArrayType(T.DoubleType()))])
+    return state.mapInArrow(partial(floatsum.arrow_results, specs=acc.float_specs), schema)
 
 
 def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accumulator:
@@ -272,6 +253,7 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
     state = ["_rows"]
     seen: set[str] = set()
     float_terms: dict[tuple[str, bool], int] = {}
+    specs: list[tuple] = []
 
     def add(name: str, expr: Column) -> str:
         if name not in seen:
@@ -304,11 +286,13 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
             ):
                 when = F.when(x.isNotNull() & test, diff).otherwise(0).cast("bigint")
                 counters.append(add(f"_{kind}_{a.arg}", when))
-            total = term(a.arg, False)
-            square = term(a.arg, True) if func not in ("sum", "avg") else -1
-            results.append(
-                lambda f=func, c=counters, s=total, q=square: _float_result(f, c, s, q)
-            )
+            term(a.arg, False)
+            if func not in ("sum", "avg"):
+                term(a.arg, True)
+            argument = [arg for arg, sq in float_terms if not sq].index(a.arg)
+            index = len(specs)
+            specs.append((func, *counters, argument))
+            results.append(lambda i=index: F.col(FLOAT_RESULTS).getItem(i))
         elif func in SUMMED:
             st = _sum_type(dt, func.upper())
             total = add(f"_sum_{a.arg}", F.coalesce(_times_diff(x, dt, st), F.lit(0).cast(st)))
@@ -331,76 +315,80 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
         else:  # pragma: no cover - the planner routes only accumulable functions here
             raise InvariantViolation(f"{func} is not accumulable")
     terms = [(t, arg, sq) for (arg, sq), t in float_terms.items()]
-    return _Accumulator(contributions, state, results, [a.name for a in aggregates], terms)
+    names = [a.name for a in aggregates]
+    return _Accumulator(contributions, state, results, names, terms, specs)
+
+
+FLOAT_SUMS = ("_v", "_qh", "_ql")
+"""The sums a ``float_sums`` row keeps (:mod:`ops.floatsum`)."""
 
 
 def _float_sums(acc: _Accumulator, delta: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """The change's exact floating-point sums per ``(group, term, bin)``, the rows an epoch
-    appends to a ``float_sums`` table: each finite non-zero value's (or square's) parts
-    (:mod:`ops.floatsum`) times its ``_diff``, summed; zero sums dropped. Exponents and
-    mantissas are projected once per argument before the parts read them."""
-    args = list(dict.fromkeys(arg for _, arg, _ in acc.float_terms))
+    """The change's exact floating-point sums per ``(group, argument, exponent)``, the rows an
+    epoch appends to a ``float_sums`` table (``_t`` the argument, ``_b`` the exponent, ``_v``,
+    ``_qh``, ``_ql`` the sums of :func:`ops.floatsum.terms` times ``_diff``); all-zero rows
+    dropped. The input is summed per exponent: a few rows per group, whatever its size."""
+    args = [arg for _, arg, squared in acc.float_terms if not squared]
+    squared = {arg for _, arg, sq in acc.float_terms if sq}
+    dec = T.DecimalType(38, 0)
     ks = [_c(k) for k in keys]
-    xs = delta.select(*ks, _c(DIFF), *[_c(a).cast("double").alias(f"_x{i}") for i, a in enumerate(args)])
-    ok = {
-        i: _c(f"_x{i}").isNotNull()
-        & ~F.isnan(_c(f"_x{i}"))
-        & (F.abs(_c(f"_x{i}")) != F.lit(float("inf")))
-        & (_c(f"_x{i}") != F.lit(0.0))
-        for i in range(len(args))
-    }
-    xs = xs.select(
-        "*",
+    x = [_c(a).cast("double") for a in args]
+    finite = [
+        xi.isNotNull() & ~F.isnan(xi) & (F.abs(xi) != F.lit(float("inf"))) & (xi != F.lit(0.0))
+        for xi in x
+    ]
+    exps = delta.select(
+        *ks,
+        _c(DIFF),
+        *[xi.alias(f"_x{i}") for i, xi in enumerate(x)],
         *[
-            F.when(ok[i], floatsum.spark_exponent(_c(f"_x{i}"), F)).alias(f"_e{i}")
-            for i in range(len(args))
+            F.when(ok, floatsum.spark_exponent(xi, F)).alias(f"_e{i}")
+            for i, (xi, ok) in enumerate(zip(x, finite, strict=True))
         ],
     )
-    mantissas = []
-    for i in range(len(args)):
-        m, t = floatsum.spark_mantissa(_c(f"_x{i}"), _c(f"_e{i}"), F)
-        mantissas += [m.alias(f"_m{i}"), t.alias(f"_p{i}"), (_c(f"_x{i}") < 0).alias(f"_n{i}")]
-    xs = xs.select(*ks, _c(DIFF), *mantissas)
-    diff = _c(DIFF).cast("bigint")
-    zero = F.lit(0).cast("bigint")
+    diff = _c(DIFF)
+    zero = F.lit(0).cast(dec)
+
+    def times_diff(v: Column) -> Column:
+        v = v.cast(dec)
+        return F.when(diff == 1, v).when(diff == -1, -v).otherwise(v * diff.cast(dec)).cast(dec)
+
     entries = []
-    for t, arg, squared in acc.float_terms:
-        i = args.index(arg)
-        m, p, neg = _c(f"_m{i}"), _c(f"_p{i}"), _c(f"_n{i}")
-        for b, part in floatsum.spark_parts(m, p, neg, F, squared):
-            entries.append(
-                F.struct(
-                    F.lit(t).alias("_t"),
-                    F.coalesce(b, F.lit(0)).alias("_b"),
-                    F.coalesce(part * diff, zero).alias("_v"),
-                )
+    for i, arg in enumerate(args):
+        e, m, qh, ql = floatsum.spark_mantissa(_c(f"_x{i}"), _c(f"_e{i}"), F)
+        sums = [times_diff(m), *[times_diff(q) if arg in squared else zero for q in (qh, ql)]]
+        entries.append(
+            F.struct(
+                F.lit(i).alias("_t"),
+                e.alias("_b"),
+                *[v.alias(n) for v, n in zip(sums, FLOAT_SUMS, strict=True)],
             )
-    exploded = xs.select(*ks, F.explode(F.array(*entries)).alias("_e"))
-    flat = exploded.select(
-        *ks,
-        F.col("_e._t").alias("_t"),
-        F.col("_e._b").alias("_b"),
-        F.col("_e._v").alias("_v"),
-    ).where(_c("_v") != 0)
-    sums = flat.groupBy(*ks, _c("_t"), _c("_b")).agg(F.sum(_c("_v")).cast("bigint").alias("_v"))
-    return sums.where(_c("_v") != 0)
+        )
+    rows = exps.select(*ks, F.explode(F.array(*entries)).alias("_s")).where(
+        F.col("_s._b").isNotNull()
+    )
+    summed = rows.groupBy(*ks, F.col("_s._t").alias("_t"), F.col("_s._b").alias("_b")).agg(
+        *[F.sum(F.col(f"_s.{n}")).cast(dec).alias(n) for n in FLOAT_SUMS]
+    )
+    return summed.where(fold(lambda a, b: a | b, [_c(n) != 0 for n in FLOAT_SUMS]))
 
 
 def _float_bins(
     store: StateStore, table: StateTable, keys: Sequence[str], touched: DataFrame
 ) -> DataFrame:
     """The touched groups' exact floating-point sums at old and at new: ``(keys...,
-    _fb__old, _fb)``, each an array of ``(_t, _b, _v)`` (see :data:`FLOAT_BINS`)."""
+    _fb__old, _fb)``, each a list of ``(_t, _b, _v, _qh, _ql)`` (see :data:`FLOAT_BINS`)."""
     rows = store.read(table, keys, touched, store.new)
-    per_bin = rows.groupBy(*[_c(k) for k in keys], _c("_t"), _c("_b")).agg(
-        F.sum(_c("_v")).alias("_v"),
-        F.sum(F.when(_c(TIME) <= store.old, _c("_v")).otherwise(0)).alias("_v_old"),
+    ks = [_c(k) for k in keys]
+    at_old = [F.sum(F.when(_c(TIME) <= store.old, _c(n)).otherwise(0)) for n in FLOAT_SUMS]
+    per_exponent = rows.groupBy(*ks, _c("_t"), _c("_b")).agg(
+        *[F.sum(_c(n)).alias(n) for n in FLOAT_SUMS],
+        *[s.alias(f"{n}__old") for s, n in zip(at_old, FLOAT_SUMS, strict=True)],
     )
-    return per_bin.groupBy(*[_c(k) for k in keys]).agg(
-        F.collect_list(F.struct(_c("_t"), _c("_b"), _c("_v_old").alias("_v"))).alias(
-            f"{FLOAT_BINS}__old"
-        ),
-        F.collect_list(F.struct(_c("_t"), _c("_b"), _c("_v"))).alias(FLOAT_BINS),
+    old = [_c(f"{n}__old").alias(n) for n in FLOAT_SUMS]
+    return per_exponent.groupBy(*ks).agg(
+        F.collect_list(F.struct(_c("_t"), _c("_b"), *old)).alias(f"{FLOAT_BINS}__old"),
+        F.collect_list(F.struct(_c("_t"), _c("_b"), *map(_c, FLOAT_SUMS))).alias(FLOAT_BINS),
     )
 
 
@@ -472,7 +460,10 @@ def _group_sums(
 
 
 def _results(acc: _Accumulator, keys: Sequence[str], state: DataFrame) -> DataFrame:
-    """The branch's results per group from its summed state ``(keys..., state columns...)``."""
+    """The branch's results per group from its summed state ``(keys..., state columns...)``,
+    and :data:`FLOAT_BINS` when it keeps exact floating-point sums."""
+    if acc.float_specs:
+        state = _with_float_results(state, acc)
     return state.select(
         *[_c(k) for k in keys],
         *[r().alias(n) for r, n in zip(acc.results, acc.names, strict=True)],

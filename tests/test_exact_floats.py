@@ -57,22 +57,24 @@ def _wild(rng: random.Random) -> float:
 # -- the kernel, without Spark -------------------------------------------------------------------
 
 
-def test_parts_hold_every_double_and_square_exactly():
+def test_terms_hold_every_double_and_square_exactly():
     rng = random.Random(5)
     values = [5e-324, -5e-324, 1.7976931348623157e308, 2.0**-1022, 1.0, -3.0, 0.1]
     values += [_wild(rng) for _ in range(2000)]
     for x in values:
         if x == 0:
             continue
-        for squared in (False, True):
-            got = Fraction(floatsum.fixed(floatsum.parts(x, squared).items()), 1 << floatsum.OFFSET)
-            assert got == Fraction(x) ** (2 if squared else 1), (x, squared)
-            bound = 1 << (floatsum.BIN_BITS + (2 if squared else 0))  # a square: 3 terms a bin
-            assert all(abs(p) < bound for p in floatsum.parts(x, squared).values())
+        e, m, qh, ql = floatsum.terms(x)
+        assert Fraction(m) * Fraction(2) ** e == Fraction(x), x
+        assert qh * Fraction(2) ** (2 * e + 54) + ql * Fraction(2) ** (2 * e) == Fraction(x) ** 2
+        assert abs(m) < 2**53 and 0 <= qh < 2**52 and 0 <= ql < 2**82, x  # DECIMAL(38, 0) sums
+        total, squares = floatsum.fixed([(e, m, qh, ql)])
+        unit = Fraction(1, 2**floatsum.OFFSET)
+        assert (total * unit, squares * unit) == (Fraction(x), Fraction(x) ** 2), x
 
 
-def _bins(values: list[float], squared: bool) -> int:
-    return sum(floatsum.fixed(floatsum.parts(x, squared).items()) for x in values if x != 0)
+def _sums(values: list[float]) -> tuple[int, int]:
+    return floatsum.fixed(floatsum.terms(x) for x in values if x != 0)
 
 
 def rounded(q: Fraction) -> float:
@@ -126,17 +128,17 @@ def test_exact_result_equals_rational_arithmetic(seed):
             present.append(_wild(rng))
         finite = [x for x in present if math.isfinite(x)]
         for func in funcs:
-            got = floatsum.exact_result(
-                func, len(present), 0, 0, 0, _bins(finite, False), _bins(finite, True)
-            )
+            got = floatsum.exact_result(func, len(present), 0, 0, 0, *_sums(finite))
             assert same(got, exact(func, present)), (func, present)
 
 
 def test_issue_cases_in_the_kernel():
-    s = _bins([1.0, 0.5], False)  # 1e20 inserted, then retracted: its parts cancel exactly
-    assert floatsum.exact_result("sum", 2, 0, 0, 0, s, 0) == 1.5
+    # 1e20 inserted, then retracted: its terms cancel exactly
+    total = floatsum.fixed([floatsum.terms(1e20), floatsum.terms(1.0), floatsum.terms(0.5)])[0]
+    total -= floatsum.fixed([floatsum.terms(1e20)])[0]
+    assert floatsum.exact_result("sum", 2, 0, 0, 0, total, 0) == 1.5
     xs = [1e9 + 1, 1e9 + 2, 1e9 + 3, 1e9 + 2]
-    got = floatsum.exact_result("var_samp", 4, 0, 0, 0, _bins(xs, False), _bins(xs, True))
+    got = floatsum.exact_result("var_samp", 4, 0, 0, 0, *_sums(xs))
     assert got == 2 / 3
 
 
@@ -273,3 +275,22 @@ def test_issue_cases_equal_sparks_from_scratch_answer(spark, make_project, tmp_p
     [s] = spark.sql("SELECT sum(v) FROM t_now WHERE g = 'a'").collect()
     [v] = spark.sql("SELECT var_samp(v) FROM t_now WHERE g = 'b'").collect()
     assert (s[0], v[0]) == (1.5, 2 / 3)
+
+
+@pytest.mark.spark
+def test_sparks_terms_equal_the_kernels(spark):
+    """Spark's column expressions give every double the same exponent and terms as the
+    kernel (log2 corrected by pow(2, e); the smallest and largest doubles, powers of two)."""
+    from pyspark.sql import functions as F
+
+    rng = random.Random(3)
+    values = [5e-324, -5e-324, 1.7976931348623157e308, 2.0**-1022, 2.0**-1023, 2.0**1023]
+    values += [math.ldexp(1.0, rng.randint(-1074, 1023)) for _ in range(300)]
+    values += [x for x in (_wild(rng) for _ in range(1500)) if x != 0]
+    df = spark.createDataFrame([(x,) for x in values], "x double")
+    e = floatsum.spark_exponent(F.col("x"), F)
+    df = df.select("x", e.alias("e"))
+    low, m, qh, ql = floatsum.spark_mantissa(F.col("x"), F.col("e"), F)
+    rows = df.select("x", low.alias("low"), m.alias("m"), qh.alias("qh"), ql.alias("ql")).collect()
+    for r in rows:
+        assert (r["low"], r["m"], int(r["qh"]), int(r["ql"])) == floatsum.terms(r["x"]), r["x"]

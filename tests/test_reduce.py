@@ -745,3 +745,33 @@ def test_sums_kept_in_an_older_format_are_rebuilt(spark, make_project, tmp_path,
     assert {v.view: v.status for v in report.views} == {"sums": "rebuilt", "counts": "refreshed"}
     check_all(engine)
     assert engine.rebuild_reason("sums") is None
+
+
+def test_towers_bucketed_by_another_hash_are_rebuilt(spark, make_project, tmp_path, monkeypatch):
+    """A tower's buckets come from a hash function (Spark's xxhash64, reproduced on the
+    driver); state bucketed by another one would leave towers silently stale, so the hash is
+    part of the state layout and a change of it rebuilds the view."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    import ivm.plan.reduce
+
+    path = str(tmp_path / "t")
+    write_deltalake(
+        path,
+        pa.table({"g": ["a", "b", "a"], "v": [1, 2, 3]}),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    views = {"lo": "CREATE VIEW lo AS SELECT g, min(v) AS m FROM t GROUP BY g"}
+    root = make_project(views, {"t": path})
+    with monkeypatch.context() as m:
+        m.setattr(ivm.plan.reduce, "BUCKET_HASH", "murmur3(seed 42)")
+        assert Engine(root, spark=spark).refresh().ok
+    write_deltalake(path, pa.table({"g": ["b"], "v": [0]}), mode="append")
+    engine = Engine(root, spark=spark)
+    assert "state tables changed" in (engine.rebuild_reason("lo") or "")
+    report = engine.refresh()
+    assert report.ok, [v.error for v in report.views]
+    assert [v.status for v in report.views] == ["rebuilt"]
+    check_all(engine)
+    assert engine.rebuild_reason("lo") is None

@@ -106,7 +106,7 @@ BUCKET_HASH = "xxhash64(seed 42)"
 the driver by ``ops.local_reduce.spark_xxhash64``. Recorded in each tower table's layout."""
 
 FLOAT_SUMS_KEY = ("_t", "_b")
-"""Key columns of a ``float_sums`` table after the group keys: the sum's term and bin."""
+"""Key columns of a ``float_sums`` table after the group keys: the argument and the exponent."""
 
 
 def _sums_format(aggregates: Sequence[Aggregate]) -> int:
@@ -122,8 +122,8 @@ def _sums_tables(prefix: str, sk: tuple[str, ...], holds: str, aggs: Sequence[Ag
     floats = StateTable(
         f"{prefix}.float_sums",
         (*sk, *FLOAT_SUMS_KEY),
-        "per group, term and bin: exact sums of floating-point values and their squares "
-        "(for SUM/AVG of floating point and for VARIANCE/STDDEV)",
+        "per group, argument and exponent: exact sums of floating-point values and their "
+        "squares (for SUM/AVG of floating point and for VARIANCE/STDDEV)",
     )
     return (floats, sums)
 
