@@ -27,7 +27,6 @@ import math
 import struct
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -340,29 +339,6 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
         raise NotOnDriver("more updates than the driver's state rows")
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
-    pending: list[tuple[Any, pa.Table]] = []  # state written once the result is known
-    table = _reduced(node, delta, types, replace(store, write_rows=_deferred(pending)))
-    for i, f in enumerate(table.schema):
-        if pa.types.is_floating(f.type) and pc.any(pc.is_nan(table.column(i))).as_py():
-            raise NotOnDriver("a NaN result is grouped by Spark")  # nothing written yet
-    for state, rows in pending:
-        store.write_rows(state, rows)
-    return table
-
-
-def _deferred(pending: list[tuple[Any, pa.Table]]):
-    """A ``write_rows`` that keeps the state tables' rows in ``pending`` (no branch reads a
-    table this refresh writes before it is written)."""
-
-    def write_rows(table: Any, rows: pa.Table) -> int:
-        pending.append((table, rows))
-        return rows.num_rows
-
-    return write_rows
-
-
-def _reduced(node: Reduce, delta: pa.Table, types: dict[str, T.DataType], store: Any) -> pa.Table:
-    """:func:`reduce_local`'s change, its state writes handed to ``store``."""
     keys = list(node.keys)
     rows = delta.filter(pc.not_equal(delta.column(DIFF), 0))
     key_schema = pa.schema([delta.schema.field(k) for k in keys])

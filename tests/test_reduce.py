@@ -150,11 +150,12 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, monkeypa
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
-        # GROUP BY with COUNT/SUM/AVG (DISTINCT too) and MIN/MAX, and buffered TopKs: a small
-        # change is the driver's (ops.local_reduce), unless the driver's state rows are off;
-        # a TopK to refill from its input is Spark's (r_top_of_view, some rounds).
+        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, and
+        # buffered TopKs: a small change is the driver's (ops.local_reduce), unless the
+        # driver's state rows are off; a TopK to refill from its input is Spark's
+        # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
-        grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union"}
+        grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union", "r_var"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         expected = (grouped | ranked if driver else set()) | {"r_over_agg"}
         assert by_driver - {"r_top_of_view"} == expected, by_driver
