@@ -308,7 +308,8 @@ def _verify_check(project: Project, name: str) -> dg.AssetChecksDefinition:
         name=CHECK_NAME,
         description=(
             "Recomputes the view from scratch with Spark SQL at its epoch and compares it with "
-            "the view's diff log and table (exact multisets); also: no negative multiplicity. "
+            "the view's diff log and table (multisets; floating-point columns within the "
+            "tolerance the result states, others exact); also: no negative multiplicity. "
             "Repair with `ivm verify --repair`."
         ),
     )

@@ -26,7 +26,9 @@ keep, it says so (:meth:`FileCache.would_keep`), and lookups then read that file
 row groups only, as with no cache. A budget of 0 keeps nothing.
 
 The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`): one cache
-serves every view and engine of the process, as one Spark session does.
+serves every view and engine of the process, as one Spark session does. It is set once
+(:meth:`FileCache.configure`): the first project opened in the process sets it; a later one
+asking for another budget is warned (:class:`CacheBudgetWarning`) and shares the first's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -90,6 +93,10 @@ IDLE_SECONDS = 6 * 3600.0
 _Key = tuple[str, int, int, str]
 
 
+class CacheBudgetWarning(UserWarning):
+    """A project asked for a file-cache budget other than the one its process already has."""
+
+
 @dataclass
 class CacheStats:
     """What the cache did since it was made."""
@@ -113,6 +120,7 @@ class FileCache:
         self._lock = threading.Lock()
         self._loading: dict[_Key, threading.Lock] = {}
         self._derived: dict[_Key, dict[Hashable, Any]] = {}  # per entry: see derived()
+        self._configured_by: str | None = None  # see configure()
         self.stats = CacheStats()
 
     @property
@@ -124,10 +132,40 @@ class FileCache:
         return self._bytes
 
     def set_budget(self, budget_bytes: int) -> None:
-        """Hold at most ``budget_bytes`` from now on (0: nothing), evicting what exceeds it."""
+        """Hold at most ``budget_bytes`` from now on (0: nothing), evicting what exceeds it.
+        Unconditional: a process's projects go through :meth:`configure`."""
         with self._lock:
             self._budget = max(0, budget_bytes)
             self._evict_over(self._budget)
+
+    def configure(self, budget_bytes: int, by: str) -> int:
+        """Set the budget once per cache: the first call sets it (``by`` names who asked:
+        a project's ``ivm.toml``); a later call asking for the same budget changes nothing,
+        one asking for another is warned (:class:`CacheBudgetWarning`, naming both) and
+        keeps the first. Returns the budget that applies."""
+        budget_bytes = max(0, budget_bytes)
+        with self._lock:
+            first = self._configured_by
+            if first is None:
+                self._configured_by = by
+                self._budget = budget_bytes
+                self._evict_over(self._budget)
+                return budget_bytes
+            current = self._budget
+        if budget_bytes != current:
+            warnings.warn(
+                f"{by}: [refresh] cache_mb = {budget_bytes // 2**20} is not applied: this "
+                f"process's file cache keeps {current // 2**20} MiB, set by {first} (the budget "
+                "is the process's, set by the first project it opens)",
+                CacheBudgetWarning,
+                stacklevel=2,
+            )
+        return current
+
+    @property
+    def configured_by(self) -> str | None:
+        """Who set the budget (:meth:`configure`), None while nobody has."""
+        return self._configured_by
 
     def keep_only(self, directory: str, paths: Iterable[str]) -> None:
         """Drop the entries of files under ``directory`` (a table's) other than ``paths``

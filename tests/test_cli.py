@@ -196,3 +196,54 @@ def test_refresh_then_show_explain_status_without_spark(spark, make_project, ord
     assert "Get source orders [o_orderkey, o_status, o_price]" in explain_out
     assert "orders: consumed version 0, current version 0" in status_out
     assert "open_orders: epoch 1, 3 rows" in status_out
+
+
+@pytest.mark.spark
+def test_verify_with_either_oracle(spark, make_project, orders, capsys):
+    """``verify --oracle duckdb`` compares each view with DuckDB (no Spark: not even
+    imported), and its log with its table; a row added behind the engine's back is found by
+    both oracles; ``--repair`` goes with Spark's only."""
+    root = make_project(GOOD_VIEW, {"orders": orders})
+    p = str(root)
+    assert run(capsys, "--project", p, "refresh")[0] == 0
+    script = (
+        "import sys\n"
+        "from ivm.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "assert 'pyspark' not in sys.modules, 'verify --oracle duckdb imported pyspark'\n"
+        "sys.exit(code)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "--project", p, "verify", "--oracle", "duckdb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "open_orders: equal to DuckDB's result (3 rows at epoch 1)",
+        "same_price: equal to DuckDB's result (1 rows at epoch 1)",
+    ]
+    code, out, _ = run(capsys, "--project", p, "verify", "--oracle", "duckdb", "--json")
+    assert code == 0
+    (result,) = [r for r in json.loads(out) if r["view"] == "open_orders"]
+    assert result["ok"] and result["oracle"] == "DuckDB" and result["tolerances"] == []
+
+    table = str(root / "lake" / "views" / "open_orders")
+    write_deltalake(table, pa.table({"o_orderkey": [9], "o_price": [99]}), mode="append")
+    code, out, _ = run(capsys, "--project", p, "verify", "--oracle", "duckdb", "open_orders")
+    assert code == 1
+    assert out.startswith("open_orders: DIFFERENT from DuckDB's result at epoch 1: 0 rows missing")
+    assert "1 extra (e.g. [(9, 99)])" in out
+    assert (
+        "its log summed differs from its table: 1 rows only in the table, 0 only in the log" in out
+    )
+    code, out, _ = run(capsys, "--project", p, "verify", "open_orders")  # Spark's oracle
+    assert code == 1 and "open_orders: DIFFERENT at epoch 1: 0 rows missing, 1 extra" in out
+
+    code, out, err = run(capsys, "--project", p, "verify", "--oracle", "duckdb", "--repair")
+    assert code == 2 and not out
+    assert "--repair" in err and "--oracle spark" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as info:
+        main(["--project", p, "verify", "--oracle", "sqlite"])
+    assert info.value.code == 2 and "invalid choice: 'sqlite'" in capsys.readouterr().err

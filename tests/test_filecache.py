@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -210,3 +211,54 @@ def test_a_writers_slices_are_kept_as_they_are_up_to_a_bound(
     assert cache.put(other, SCHEMA, sliced)
     held, _ = cache.read(other, SCHEMA)
     assert held.equals(sliced) and [c.num_chunks for c in held.columns] == [1, 1]
+
+
+def test_the_budget_is_set_once_by_the_first_project(tmp_path) -> None:
+    """``configure`` sets a cache's budget once: the first caller's applies; the same budget
+    asked again changes nothing; another is warned about, naming both, and not applied."""
+    paths = [_file(tmp_path / f"f{i}.parquet", 1_000) for i in range(2)]
+    cache = FileCache(1 << 30)
+    assert cache.configured_by is None
+    assert cache.configure(1 << 20, "one/ivm.toml") == 1 << 20
+    assert cache.budget_bytes == 1 << 20 and cache.configured_by == "one/ivm.toml"
+    cache.read(paths[0], SCHEMA)
+    assert cache.configure(1 << 20, "two/ivm.toml") == 1 << 20  # the same: no warning
+    with pytest.warns(filecache.CacheBudgetWarning, match=r"two/ivm.toml.*set by one/ivm.toml"):
+        assert cache.configure(0, "two/ivm.toml") == 1 << 20
+    assert cache.budget_bytes == 1 << 20 and cache.holds(paths[0], SCHEMA)
+    assert cache.configured_by == "one/ivm.toml"
+
+
+def test_two_projects_in_one_process_share_the_first_ones_budget(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two engines (no Spark) over projects with different ``cache_mb``: the second does not
+    overwrite the process's budget, and says so."""
+    from deltalake import write_deltalake
+
+    import ivm.engine
+    from ivm.engine import Engine
+
+    cache = FileCache(1 << 30)
+    monkeypatch.setattr(ivm.engine, "FILES", cache)
+    source = str(tmp_path / "t")
+    write_deltalake(source, pa.table({"k": pa.array([1, 2], pa.int64())}))
+    roots = []
+    for name, mb in (("one", 64), ("two", 0)):
+        root = tmp_path / name
+        (root / "views").mkdir(parents=True)
+        (root / "views" / "v.sql").write_text("CREATE VIEW v AS SELECT k FROM t\n")
+        (root / "ivm.toml").write_text(
+            f'lake = "lake"\nviews = "views"\n[sources]\nt = "{source}"\n'
+            f"[refresh]\ncache_mb = {mb}\n"
+        )
+        roots.append(root)
+    Engine(roots[0])
+    assert cache.budget_bytes == 64 << 20
+    with pytest.warns(filecache.CacheBudgetWarning, match="cache_mb = 0 is not applied"):
+        Engine(roots[1])
+    assert cache.budget_bytes == 64 << 20
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", filecache.CacheBudgetWarning)
+        Engine(roots[0])  # the first project again: nothing to say
+    assert cache.configured_by == str((roots[0] / "ivm.toml").resolve())

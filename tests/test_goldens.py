@@ -1,7 +1,8 @@
 """SQL -> plan goldens, no Spark: EXPLAIN texts and planner error messages are contracts.
 
 Run ``pytest tests/test_goldens.py --update-goldens`` to rewrite the expected files after an
-intended planner change, then review the diff.
+intended planner change, then review the diff. Only that flag writes them: a golden file that
+is missing fails its test.
 """
 
 from __future__ import annotations
@@ -43,16 +44,39 @@ def split_views(text: str) -> list[str]:
     return [s.strip() for s in body.split(";") if s.strip()]
 
 
+def check_golden(expected_file: Path, actual: str, update: bool) -> None:
+    """``actual`` must equal the golden file's text. Only ``--update-goldens`` writes golden
+    files: a missing one fails, saying how to create it."""
+    if update:
+        expected_file.write_text(actual)
+    elif not expected_file.exists():
+        pytest.fail(
+            f"golden file {expected_file} is missing: create it with `.venv/bin/python -m "
+            "pytest tests/test_goldens.py --update-goldens`, review it, and commit it",
+            pytrace=False,
+        )
+    assert actual == expected_file.read_text()
+
+
 @pytest.mark.parametrize("path", sorted((GOLDENS / "explain").glob("*.sql")), ids=lambda p: p.stem)
 def test_explain_golden(path: Path, update_goldens: bool) -> None:
     text = path.read_text()
     views = [parse_view(sql, f"{i}.sql") for i, sql in enumerate(split_views(text))]
     plan = plan_views(views, parse_sources(text), append_only(text))
     actual = "\n".join(explain(v, plan) for v in plan.views.values())
-    expected_file = path.with_suffix(".explain")
-    if update_goldens or not expected_file.exists():
-        expected_file.write_text(actual)
-    assert actual == expected_file.read_text()
+    check_golden(path.with_suffix(".explain"), actual, update_goldens)
+
+
+def test_a_missing_golden_fails_and_only_the_flag_writes_it(tmp_path: Path) -> None:
+    golden = tmp_path / "new.explain"
+    with pytest.raises(pytest.fail.Exception, match="--update-goldens") as info:
+        check_golden(golden, "plan", update=False)
+    assert "is missing" in str(info.value) and not golden.exists()
+    check_golden(golden, "plan", update=True)
+    assert golden.read_text() == "plan"
+    check_golden(golden, "plan", update=False)
+    with pytest.raises(AssertionError):
+        check_golden(golden, "other plan", update=False)
 
 
 def error_cases() -> list[tuple[str, str]]:
@@ -69,10 +93,7 @@ def test_error_goldens(update_goldens: bool) -> None:
             plan_views([parse_view(sql, "v.sql")], sources).check()
         lines.append(f"{title}: {info.value}")
     actual = "\n".join(lines) + "\n"
-    expected_file = GOLDENS / "errors.expected"
-    if update_goldens or not expected_file.exists():
-        expected_file.write_text(actual)
-    assert actual == expected_file.read_text()
+    check_golden(GOLDENS / "errors.expected", actual, update_goldens)
 
 
 def test_error_carries_position() -> None:

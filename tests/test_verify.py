@@ -69,3 +69,60 @@ def test_verify_reports_rows_added_behind_the_engine(spark, make_project, tmp_pa
     result = engine.verify("big_grp")
     assert (result.extra, result.missing) == (1, 0), result
     assert engine.repair("big_grp").ok
+
+
+FLOAT_VIEWS = {
+    "stats": "CREATE VIEW stats AS SELECT grp, count(*) AS n, avg(price) AS mean, "
+    "sum(CAST(price AS DOUBLE) * 1.1) AS s FROM items GROUP BY grp",
+    "ratios": "CREATE VIEW ratios AS SELECT id, CAST(price AS DOUBLE) / 3 AS third, qty "
+    "FROM items WHERE qty > 0",
+}
+
+
+def test_both_oracles_compare_floats_within_the_stated_tolerance(spark, make_project, tmp_path):
+    """Views with DOUBLE columns (and a DECIMAL average, a DOUBLE in DuckDB) against DuckDB
+    and against Spark's from-scratch result, through random batches; each comparison states
+    its tolerance per column. Then the table is moved within the tolerance (still equal,
+    though no longer its log's rows) and beyond it (a difference, found by each oracle)."""
+    from ivm.oracle import compare_views, spark_compare_views
+
+    lake, engine = built_random_lake(spark, make_project, tmp_path, FLOAT_VIEWS, 5)
+    for _ in range(2):
+        lake.random_batch()
+        assert engine.refresh().ok
+        for c in compare_views(engine, log=True) + spark_compare_views(engine):
+            assert c.equal, c.describe()
+        assert all(engine.verify(v).ok for v in FLOAT_VIEWS)
+    duck, from_spark = (
+        compare_views(engine, ["stats"])[0],
+        spark_compare_views(engine, ["stats"])[0],
+    )
+    assert duck.tolerances == (
+        "mean: DuckDB's DOUBLE against the engine's DECIMAL(16,6): equal within half a unit of "
+        "scale 6 (5E-7) plus 2^-52 of the double's magnitude",
+        "s: DOUBLE within 1E-9 relative, 1E-12 absolute near zero; NaN = NaN, infinities "
+        "exact, -0.0 = 0.0",
+    )
+    assert from_spark.tolerances == (duck.tolerances[1],)  # Spark's mean is the decimal
+    assert "compared: s: DOUBLE within 1E-9 relative" in engine.verify("stats").describe()
+
+    table_uri = engine.layout.view_table("ratios")
+    rows = DeltaTable(table_uri).to_pyarrow_table()
+    third = rows.column("third").to_pylist()
+
+    def write(values: list[float]) -> None:
+        moved = rows.set_column(1, "third", pa.array(values, pa.float64()))
+        write_deltalake(table_uri, moved, mode="overwrite")
+
+    write([x * (1 + 1e-12) if x else x for x in third])  # within 1e-9
+    assert engine.verify("ratios").ok
+    (duck,) = compare_views(engine, ["ratios"], log=True)
+    assert not duck.missing and not duck.extra and duck.log_missing and duck.log_extra
+    assert spark_compare_views(engine, ["ratios"])[0].equal
+    i = next(i for i, x in enumerate(third) if x)
+    write(third[:i] + [third[i] * (1 + 1e-8)] + third[i + 1 :])  # beyond
+    result = engine.verify("ratios")
+    assert (result.missing, result.extra) == (1, 1), result.describe()
+    for c in compare_views(engine, ["ratios"]) + spark_compare_views(engine, ["ratios"]):
+        assert (sum(c.missing.values()), sum(c.extra.values())) == (1, 1), c.describe()
+        assert "third: DOUBLE within 1E-9 relative" in c.describe()
