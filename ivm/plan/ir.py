@@ -572,7 +572,9 @@ def _substitute(e: exp.Expression, by: dict[str, exp.Expression]) -> exp.Express
     def sub(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and node.name in by:
             inner = by[node.name].copy()
-            atomic = isinstance(inner, (exp.Column, exp.Literal, exp.Paren, exp.Func))
+            atomic = isinstance(
+                inner, (exp.Column, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Func)
+            )
             return inner if atomic else exp.Paren(this=inner)
         return node
 

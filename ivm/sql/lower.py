@@ -8,14 +8,18 @@ Contract in ``(data, time, diff)`` terms: the returned plan, applied to the upda
 inputs, yields the updates of the view: stateless nodes map updates one by one (they are
 linear and deterministic, see :mod:`ivm.plan.ir`), joins by delta paths, and the stateful
 nodes (GROUP BY, DISTINCT, set operations, TopK; lowered in :mod:`ivm.sql.lower_reduce`)
-from state of their own. Non-deterministic functions and unsupported constructs are rejected
-by name.
+from state of their own. A join whose condition is never true is stateless: the UNION ALL of
+its preserved inputs' updates padded with NULLs and of its other inputs read through ``Filter
+FALSE`` (no update; their columns' types only). Non-deterministic functions and unsupported
+constructs are rejected by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import Literal
 
 from sqlglot import exp
 
@@ -28,13 +32,17 @@ from ivm.plan.ir import (
     JoinInput,
     Node,
     Project,
+    Reduce,
     SemiJoin,
+    SetOp,
+    TopK,
     UnionAll,
     _substitute,
     collections,
     demand,
     referenced_columns,
     simplify,
+    walk,
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
 from ivm.sql.parse import ParsedView, position, sql_error
@@ -136,6 +144,7 @@ class _Lowerer(ReduceLowering):
         self.catalog = catalog
         self.sql = view.sql
         self._labels = 0
+        self._items: list[exp.Expression] = []  # the FROM items of the join being lowered
         self.group_size = self._count_hint("expected_group_size", least=1)
         self.topk_spare = self._count_hint("topk_spare", least=0)
 
@@ -174,6 +183,8 @@ class _Lowerer(ReduceLowering):
     ) -> Node:
         """Lower a query. ``need_names=False`` for UNION branches after the first, whose
         column names SQL ignores (the first branch names the columns)."""
+        if _has_joins(q):
+            return self.parenthesized(q, ctes)
         with_ = _arg(q, "with")
         if isinstance(with_, exp.With):
             if with_.args.get("recursive"):
@@ -232,26 +243,14 @@ class _Lowerer(ReduceLowering):
         from_ = _arg(s, "from")
         if not isinstance(from_, exp.From):
             raise self.unsupported("SELECT without FROM", s)
-        joins = list(_arg(s, "joins") or [])
-        relations = [self.relation(from_.this, ctes)]
-        for j in joins:
-            self.check_join_kind(j, len(joins) + 1)
-            relations.append(self.relation(j.this, ctes))
-        scope = _Scope(tuple(relations))
-        names = [q for r in relations for q in r.qualifiers]
-        if len(set(names)) != len(names):
-            dup = next(q for q in names if names.count(q) > 1)
-            raise self.error(
-                f"{dup!r} names two FROM items: give each an alias (e.g. {dup} AS {dup}1)",
-                from_.this,
-            )
-        if scope.joined and any(isinstance(r.node, Ranked) for r in relations):
-            raise self.unsupported(
-                "a ROW_NUMBER() subquery in a join (define the ranking as a view)", from_.this
-            )
+        first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
+        scope = self.from_items(first, joins, ctes)
+        relations = list(scope.relations)
         where = _arg(s, "where")
         if scope.joined:
-            node: Node = self.join(scope, joins, where if isinstance(where, exp.Where) else None)
+            node: Node = self.join(
+                scope, joins, where if isinstance(where, exp.Where) else None, first
+            )
         else:
             node = relations[0].node
             conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
@@ -378,21 +377,13 @@ class _Lowerer(ReduceLowering):
                 out.append(item)
         return out
 
-    def check_join_kind(self, j: exp.Join, count: int = 2) -> None:
-        """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN`` constrained by WHERE)
-        of any number of inputs; LEFT/RIGHT/FULL OUTER JOIN of exactly two."""
+    def check_join_kind(self, j: exp.Join) -> None:
+        """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN``) and LEFT/RIGHT/FULL
+        OUTER JOIN; which combinations are maintained is :meth:`join`'s part."""
         side = str(j.args.get("side") or "").upper()
         kind = str(j.args.get("kind") or "").upper()
-        if side and (kind not in ("", "OUTER") or count != 2):
-            raise self.unsupported(
-                self._join_name(j)
-                + (
-                    " with more than two inputs (define the inner part as a view and outer-join it)"
-                    if count != 2
-                    else ""
-                ),
-                self._located(j.this, j),
-            )
+        if side and kind not in ("", "OUTER"):
+            raise self.unsupported(self._join_name(j), self._located(j.this, j))
         if not side and kind not in ("", "INNER", "CROSS"):
             raise self.unsupported(self._join_name(j), self._located(j.this, j))
         if j.args.get("using"):
@@ -400,24 +391,243 @@ class _Lowerer(ReduceLowering):
         if j.args.get("method"):
             raise self.unsupported(f"{j.args['method']} JOIN", self._located(j.this, j))
 
-    def join(self, scope: _Scope, joins: list[exp.Join], where: exp.Where | None) -> Node:
-        """An inner join: conjuncts of ON and WHERE become input filters, key equivalences
-        (``a.x = b.y``) or residual predicates, and every input must be connected by keys."""
-        raw: list[exp.Expression] = []
+    def from_items(
+        self, first: exp.Expression, joins: list[exp.Join], ctes: Mapping[str, Node]
+    ) -> _Scope:
+        """The relations of a FROM clause (its first item, then each join's), each with a
+        qualifier of its own: unaliased subqueries are ``_subquery``, ``_subquery2``..."""
+        relations = [self.relation(first, ctes)]
         for j in joins:
-            if j.args.get("on") is not None:
-                raw.extend(_conjuncts(j.args["on"]))
-        side = str(joins[0].args.get("side") or "").upper() if len(joins) == 1 else ""
-        preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}.get(side, ())
-        if where is not None and not preserve:
-            raw.extend(_conjuncts(where.this))
-        decomposed = [self.decompose(r) for r in scope.relations]
-        subs: list[dict[str, exp.Expression]] = []
-        for i, (rel, (_, _, outmap)) in enumerate(zip(scope.relations, decomposed, strict=True)):
-            subs.append({scope.internal(i, c): outmap[c] for c in rel.node.columns})
-        pushed: list[list[exp.Expression]] = [
-            [p] if p is not None else [] for _, p, _ in decomposed
-        ]
+            self.check_join_kind(j)
+            relations.append(self.relation(j.this, ctes))
+        auto = 0
+        for i, r in enumerate(relations):
+            if r.qualifiers == {"_subquery"}:
+                auto += 1
+                if auto > 1:
+                    relations[i] = _Relation(r.node, frozenset({f"_subquery{auto}"}), r.label)
+        names = [q for r in relations for q in r.qualifiers]
+        if len(set(names)) != len(names):
+            dup = next(q for q in names if names.count(q) > 1)
+            raise self.error(
+                f"{dup!r} names two FROM items: give each an alias (e.g. {dup} AS {dup}1)", first
+            )
+        if len(relations) > 1 and any(isinstance(r.node, Ranked) for r in relations):
+            raise self.unsupported(
+                "a ROW_NUMBER() subquery in a join (define the ranking as a view)", first
+            )
+        return _Scope(tuple(relations))
+
+    def parenthesized(self, item: exp.Expression, ctes: Mapping[str, Node]) -> Node:
+        """A parenthesized join that has an alias, ``(a JOIN b ON ...) AS t``: the join's
+        columns under their own names, as ``SELECT *`` over it gives them."""
+        first, joins = _unfolded(item, [])
+        scope = self.from_items(first, joins, ctes)
+        node = self.join(scope, joins, None, first)
+        outputs = [(name, exp.column(plan)) for name, plan in scope.star(None) or []]
+        names = [n for n, _ in outputs]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup is not None:
+            owners = ", ".join(r.alias for r in scope.relations if dup in r.node.columns)
+            raise self.error(
+                f"the parenthesized join has two columns named {dup!r} (of {owners}): select "
+                "them under other names in a subquery",
+                item,
+            )
+        return Project(node, tuple(outputs))
+
+    def join(
+        self,
+        scope: _Scope,
+        joins: list[exp.Join],
+        where: exp.Where | None,
+        first: exp.Expression,
+    ) -> Node:
+        """The joins of a FROM clause (``first``, its first item), left to right (SQL's
+        order), and its WHERE.
+
+        Inner joins of any number of inputs are one :class:`Join` (:meth:`keyed_join`): the
+        conjuncts of ON and WHERE become input filters, key equivalences or residuals. An
+        outer join of two inputs is one too. A constant condition is decided here: a
+        conjunct that is always true is dropped (a join left with no key is a cross join,
+        refused by name); one that is never true (``false``, ``1 = 0``, ``CAST(NULL AS
+        BOOLEAN)``) makes an inner join empty and an outer join its preserved sides padded
+        with NULLs, so the inputs it never matches are read for their column types only
+        (``Filter FALSE``: no row, no arrangement) and the result is a ``UnionAll`` of the
+        preserved inputs' rows and those empty branches (UNION ALL's typing then gives every
+        column its input's type, as the join would). Each branch is a stateless map of its
+        input's updates, so the result is maintained update by update.
+        """
+        rels = scope.relations
+        self._items = [first, *(j.this for j in joins)]  # where each input is written
+        sides = ["", *(str(j.args.get("side") or "").upper() for j in joins)]
+        on: list[list[tuple[exp.Expression, exp.Expression, _Truth]]] = [[]]
+        for j in joins:
+            cond = j.args.get("on")
+            bare = cond
+            while isinstance(bare, exp.Paren):
+                bare = bare.this
+            if isinstance(bare, exp.Null):
+                raise self.error(
+                    f"{self._join_name(j)} ... ON NULL: the condition has type VOID, not "
+                    "BOOLEAN, and Spark rejects it (write ON false, or CAST(NULL AS BOOLEAN))",
+                    self._located(cond, j),
+                    construct="join condition",
+                )
+            items = []
+            for original in _conjuncts(cond) if cond is not None else []:
+                resolved = self.expression(original, scope, "ON")
+                items.append((original, resolved, _truth(resolved)))
+            on.append(items)
+
+        def never(i: int) -> bool:
+            return any(t in ("false", "null") for _, _, t in on[i])
+
+        def live(i: int) -> list[tuple[exp.Expression, exp.Expression]]:
+            return [(o, c) for o, c, t in on[i] if t != "true"]
+
+        # A left-deep fold: `pool` is an inner join not built yet (its inputs' indices, its
+        # conjuncts, whether one is never true); `built` the node of what is joined so far.
+        members: list[int] = [0]
+        pool: list[tuple[exp.Expression, exp.Expression]] = []
+        empty = False
+        built: Node | None = None
+        keyed_outer: exp.Join | None = None
+        for i in range(1, len(rels)):
+            j, side = joins[i - 1], sides[i]
+            if not side and built is None:
+                members.append(i)
+                pool.extend(live(i))
+                empty = empty or never(i)
+                continue
+            if not side:  # an inner join of an outer join's result
+                if never(i):
+                    built = self.no_rows(scope, [*members, i])
+                    members.append(i)
+                    continue
+                if keyed_outer is not None:
+                    raise self._outer_with_more(keyed_outer)
+                raise self.unsupported(
+                    f"{self._join_name(j)} of an outer join's result (define the outer join "
+                    "as a view and join the view)",
+                    self._located(j.this, j),
+                )
+            if never(i):
+                if built is None:
+                    built = self._pool(scope, members, pool, empty, j)
+                built = self.padded(scope, built, members, i, side)
+                members.append(i)
+                continue
+            if built is not None or len(members) > 1 or empty:
+                raise self._outer_with_more(keyed_outer or j)
+            preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}[side]
+            built = self.keyed_join(scope, [0, i], live(i), preserve, j)
+            members.append(i)
+            keyed_outer = j
+        if built is None:  # inner joins only: WHERE is part of the join
+            if where is not None:
+                for original in _conjuncts(where.this):
+                    resolved = self.expression(original, scope, "WHERE")
+                    truth = _truth(resolved)
+                    empty = empty or truth in ("false", "null")
+                    if truth != "true":
+                        pool.append((original, resolved))
+            return self._pool(scope, members, pool, empty, joins[-1])
+        if where is not None:
+            # WHERE filters the outer join's result (padded NULLs included): never pushed.
+            built = Filter(
+                built,
+                exp.and_(*[self.expression(c, scope, "WHERE") for c in _conjuncts(where.this)]),
+            )
+        return built
+
+    def _pool(
+        self,
+        scope: _Scope,
+        members: list[int],
+        conjuncts: list[tuple[exp.Expression, exp.Expression]],
+        empty: bool,
+        at: exp.Join,
+    ) -> Node:
+        """The inner join of ``members`` on ``conjuncts``; no row when one is never true."""
+        if empty:
+            return self.no_rows(scope, members)
+        if len(members) == 1:
+            return self._own(scope, members[0])
+        return self.keyed_join(scope, members, conjuncts, (), at)
+
+    def _outer_with_more(self, j: exp.Join) -> SqlError:
+        return self.unsupported(
+            self._join_name(j)
+            + " with more than two inputs (define the inner part as a view and outer-join it)",
+            self._located(j.this, j),
+        )
+
+    def _columns_of(self, scope: _Scope, members: list[int]) -> tuple[str, ...]:
+        return tuple(scope.internal(m, c) for m in members for c in scope.relations[m].node.columns)
+
+    def _own(self, scope: _Scope, m: int) -> Project:
+        """Relation ``m``'s rows under their names in the join (``alias__column``)."""
+        rel = scope.relations[m]
+        return Project(
+            rel.node, tuple((scope.internal(m, c), exp.column(c)) for c in rel.node.columns)
+        )
+
+    def no_rows(self, scope: _Scope, members: list[int]) -> Node:
+        """The columns of ``members`` joined, with no row: one empty branch per input (its
+        column types, NULL elsewhere), so UNION ALL's typing gives each column its input's
+        type."""
+        names = self._columns_of(scope, members)
+        return _union([self._empty(scope, m, names) for m in members])
+
+    def _empty(self, scope: _Scope, m: int, names: tuple[str, ...]) -> Node:
+        """Relation ``m``'s columns (the others of ``names`` NULL), with no row: its inputs
+        read through ``Filter FALSE``, so only their types reach the result."""
+        rel = scope.relations[m]
+        if not all(isinstance(n, (Get, Filter, Project, UnionAll)) for n in walk(rel.node)):
+            raise self.unsupported(
+                f"a join input that is itself a join or aggregate ({rel.label}) in a join "
+                "whose condition is never true (define it as a view and join the view)",
+                self._items[m],
+            )
+        columns = tuple((scope.internal(m, c), exp.column(c)) for c in rel.node.columns)
+        return _widened(Project(_no_rows(rel.node), columns), names)
+
+    def padded(self, scope: _Scope, left: Node, members: list[int], i: int, side: str) -> Node:
+        """``left`` (the join of ``members``) outer-joined with relation ``i`` on a condition
+        that is never true: the preserved sides' rows padded with NULLs."""
+        names = self._columns_of(scope, [*members, i])
+        if side in ("LEFT", "FULL"):
+            branches = [_widened(left, names)]
+        else:
+            branches = [self._empty(scope, m, names) for m in members]
+        if side in ("RIGHT", "FULL"):
+            branches.append(_widened(self._own(scope, i), names))
+        else:
+            branches.append(self._empty(scope, i, names))
+        return _union(branches)
+
+    def keyed_join(
+        self,
+        scope: _Scope,
+        members: list[int],
+        conjuncts: list[tuple[exp.Expression, exp.Expression]],
+        preserve: tuple[int, ...],
+        at: exp.Join,
+    ) -> Join:
+        """A :class:`Join` of relations ``members`` (inner: any number, the first ones of
+        the scope; outer: two) on ``conjuncts`` (``(as written, resolved)``): each becomes an
+        input filter, a key equivalence or a residual, and every input must be connected by
+        keys (``at``: where a missing key is reported)."""
+        decomposed = {m: self.decompose(scope.relations[m]) for m in members}
+        index = {m: k for k, m in enumerate(members)}
+        subs: dict[int, dict[str, exp.Expression]] = {}
+        for m, (_, _, outmap) in decomposed.items():
+            rel = scope.relations[m]
+            subs[m] = {scope.internal(m, c): outmap[c] for c in rel.node.columns}
+        pushed: dict[int, list[exp.Expression]] = {
+            m: [p] if p is not None else [] for m, (_, p, _) in decomposed.items()
+        }
         parent: dict[tuple[int, str], tuple[int, str]] = {}
 
         def find(x: tuple[int, str]) -> tuple[int, str]:
@@ -425,18 +635,25 @@ class _Lowerer(ReduceLowering):
                 x = parent[x]
             return x
 
+        optional = {index[m] for m in members} - set(preserve) if preserve else set()
         residual: list[exp.Expression] = []
-        for original in raw:
-            c = self.expression(original, scope, "WHERE")
+        for original, c in conjuncts:
             owners = {scope.owner(n) for n in referenced_columns(c)}
-            if preserve and not (
-                (len(owners) == 1 and not (owners & set(preserve)))
-                or (
-                    isinstance(c, exp.EQ)
-                    and len(owners) == 2
-                    and isinstance(c.this, exp.Column)
-                    and isinstance(c.expression, exp.Column)
+            if owners - set(members):
+                later = scope.relations[min(owners - set(members))]
+                raise self.error(
+                    f"condition {original.sql(dialect='spark')!r} reads {later.label}, which is "
+                    "joined after it",
+                    original,
                 )
+            key = (
+                isinstance(c, exp.EQ)
+                and len(owners) == 2
+                and isinstance(c.this, exp.Column)
+                and isinstance(c.expression, exp.Column)
+            )
+            if preserve and not (
+                (len(owners) == 1 and {index[o] for o in owners} <= optional) or key
             ):
                 raise self.error(
                     f"outer join condition {original.sql(dialect='spark')!r} is not supported: "
@@ -446,16 +663,11 @@ class _Lowerer(ReduceLowering):
                     construct="outer join ON condition",
                 )
             if len(owners) == 1:
-                (i,) = owners
-                pushed[i].append(_substitute(c, subs[i]))
-            elif (
-                isinstance(c, exp.EQ)
-                and isinstance(c.this, exp.Column)
-                and isinstance(c.expression, exp.Column)
-                and len(owners) == 2
-            ):
+                (o,) = owners
+                pushed[o].append(_substitute(c, subs[o]))
+            elif key:
                 a, b = c.this.name, c.expression.name
-                parent[find((scope.owner(a), a))] = find((scope.owner(b), b))
+                parent[find((index[scope.owner(a)], a))] = find((index[scope.owner(b)], b))
             else:
                 residual.append(c)
         groups: dict[tuple[int, str], list[tuple[int, str]]] = {}
@@ -465,35 +677,29 @@ class _Lowerer(ReduceLowering):
         # Connected: every input reachable from the first through key equalities.
         reached, frontier = {0}, [0]
         while frontier:
-            i = frontier.pop()
+            k = frontier.pop()
             for cls in classes:
-                members = {m for m, _ in cls}
-                if i in members:
-                    for m in members - reached:
-                        reached.add(m)
-                        frontier.append(m)
-        missing = [scope.relations[i] for i in range(len(scope.relations)) if i not in reached]
+                inputs = {n for n, _ in cls}
+                if k in inputs:
+                    for n in inputs - reached:
+                        reached.add(n)
+                        frontier.append(n)
+        missing = [scope.relations[m] for m in members if index[m] not in reached]
         if missing:
             raise self.error(
                 f"cross join: no equality links {missing[0].label} to the other inputs; add "
                 "a condition like a.k = b.k (cross products are not maintained)",
-                self._located(joins[-1].this, joins[-1]),
+                self._located(at.this, at),
                 construct="cross join",
             )
-        inputs = []
-        for i, (get, _, outmap) in enumerate(decomposed):
-            predicate = exp.and_(*pushed[i]) if pushed[i] else None
-            rel = scope.relations[i]
-            outputs = tuple((scope.internal(i, c), outmap[c]) for c in rel.node.columns)
-            inputs.append(JoinInput(get, rel.alias, predicate, outputs))
-        node: Node = Join(tuple(inputs), classes, tuple(residual), preserve)
-        if preserve and where is not None:
-            # WHERE filters the outer join's result (padded NULLs included): never pushed.
-            node = Filter(
-                node,
-                exp.and_(*[self.expression(c, scope, "WHERE") for c in _conjuncts(where.this)]),
-            )
-        return node
+        inputs_ = []
+        for m in members:
+            get, _, outmap = decomposed[m]
+            predicate = exp.and_(*pushed[m]) if pushed[m] else None
+            rel = scope.relations[m]
+            outputs = tuple((scope.internal(m, c), outmap[c]) for c in rel.node.columns)
+            inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
+        return Join(tuple(inputs_), classes, tuple(residual), preserve)
 
     def semi_join(
         self,
@@ -785,6 +991,199 @@ class _Lowerer(ReduceLowering):
         return e.copy().transform(resolve)
 
 
+def _has_joins(e: exp.Expression) -> bool:
+    """Whether ``e`` is a FROM item that sqlglot gave joins: ``(a JOIN b ...)``."""
+    return isinstance(e, (exp.Table, exp.Subquery)) and bool(e.args.get("joins"))
+
+
+def _unfolded(item: exp.Expression, joins: list[exp.Join]) -> tuple[exp.Expression, list[exp.Join]]:
+    """A FROM item and the joins after it, a parenthesized join at its head unfolded: joins
+    associate to the left, so ``(a J1 b) J2 c`` is ``a J1 b J2 c`` (sqlglot hangs ``J1`` on
+    ``a``). A parenthesized join with an alias stays one item (:meth:`_Lowerer.parenthesized`)."""
+    while True:
+        if (
+            isinstance(item, exp.Subquery)
+            and not item.alias
+            and not item.args.get("joins")
+            and _has_joins(item.this)
+        ):
+            item = item.this
+            continue
+        if _has_joins(item):
+            bare = item.copy()  # the view's AST stays as parsed (verify regenerates its SQL)
+            bare.set("joins", None)
+            joins = [*item.args["joins"], *joins]
+            item = bare
+            continue
+        return item, joins
+
+
+def _union(branches: list[Node]) -> Node:
+    """UNION ALL of ``branches`` (same column names), nested unions flattened."""
+    flat: list[Node] = []
+    for b in branches:
+        flat.extend(b.branches if isinstance(b, UnionAll) else [b])
+    return flat[0] if len(flat) == 1 else UnionAll(tuple(flat))
+
+
+def _widened(node: Node, names: tuple[str, ...]) -> Node:
+    """``node``'s rows with the columns ``names``: its own by name, the others NULL (for a
+    UNION ALL, each branch's, by position)."""
+    if isinstance(node, UnionAll):
+        out: list[Node] = []
+        for b in node.branches:
+            by = dict(zip(node.columns, b.columns, strict=True))
+            out.append(
+                Project(b, tuple((n, exp.column(by[n]) if n in by else exp.null()) for n in names))
+            )
+        return _union(out)
+    have = set(node.columns)
+    return Project(node, tuple((n, exp.column(n) if n in have else exp.null()) for n in names))
+
+
+def _no_rows(node: Node) -> Node:
+    """A stateless ``node`` (Get/Filter/Project/UnionAll) with its collections read through
+    ``Filter FALSE``: its columns and their types, no row."""
+    if isinstance(node, Get):
+        return Filter(node, exp.false())
+    if isinstance(node, Filter):
+        return Filter(_no_rows(node.input), node.predicate)
+    if isinstance(node, Project):
+        return Project(_no_rows(node.input), node.outputs)
+    if isinstance(node, UnionAll):
+        return UnionAll(tuple(_no_rows(b) for b in node.branches))
+    raise TypeError(f"{type(node).__name__} is not stateless")
+
+
+_Truth = Literal["true", "false", "null"] | None
+"""A condition's constant value (SQL's three), or None: it reads columns, or the planner
+does not evaluate it (Spark does, as any other condition)."""
+
+_UNKNOWN = object()
+
+
+def _truth(e: exp.Expression) -> _Truth:
+    """The value of a condition that reads no column, when it is made of boolean, number
+    and string literals, NULL, comparisons, NOT/AND/OR, IS NULL and CAST to BOOLEAN."""
+    if referenced_columns(e):
+        return None
+    v = _constant(e)
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return None
+
+
+_COMPARE = {
+    exp.EQ: lambda a, b: a == b,
+    exp.NEQ: lambda a, b: a != b,
+    exp.GT: lambda a, b: a > b,
+    exp.GTE: lambda a, b: a >= b,
+    exp.LT: lambda a, b: a < b,
+    exp.LTE: lambda a, b: a <= b,
+}
+
+
+def _constant(e: exp.Expression) -> object:
+    """A constant expression's value (bool, Decimal, str; None for NULL), or ``_UNKNOWN``.
+    Only comparisons of like values are evaluated (Spark's casts between kinds are not
+    the planner's to imitate)."""
+    if isinstance(e, exp.Paren):
+        return _constant(e.this)
+    if isinstance(e, exp.Boolean):
+        return bool(e.this)
+    if isinstance(e, exp.Null):
+        return None
+    if isinstance(e, exp.Literal):
+        if e.is_string:
+            return e.this
+        try:
+            return Decimal(e.this)
+        except InvalidOperation:
+            return _UNKNOWN
+    if isinstance(e, exp.Neg):
+        v = _constant(e.this)
+        return -v if isinstance(v, Decimal) else _UNKNOWN
+    if isinstance(e, exp.Not):
+        v = _constant(e.this)
+        return (not v) if isinstance(v, bool) else v if v is None else _UNKNOWN
+    if isinstance(e, (exp.And, exp.Or)):
+        a, b = _constant(e.this), _constant(e.expression)
+        if not all(v is None or isinstance(v, bool) for v in (a, b)):
+            return _UNKNOWN
+        decisive = isinstance(e, exp.Or)  # TRUE decides OR, FALSE decides AND
+        if decisive in (a, b):
+            return decisive
+        return None if None in (a, b) else not decisive
+    if isinstance(e, exp.Is) and isinstance(e.expression, exp.Null):
+        v = _constant(e.this)
+        return _UNKNOWN if v is _UNKNOWN else v is None
+    if isinstance(e, exp.Cast) and e.to.is_type(exp.DataType.Type.BOOLEAN):
+        v = _constant(e.this)
+        return v if v is None or isinstance(v, bool) else _UNKNOWN
+    if isinstance(e, exp.NullSafeEQ):
+        a, b = _constant(e.this), _constant(e.expression)
+        if a is _UNKNOWN or b is _UNKNOWN:
+            return _UNKNOWN
+        if a is None or b is None:
+            return a is None and b is None
+        return a == b if type(a) is type(b) else _UNKNOWN
+    compare = _COMPARE.get(type(e))
+    if compare is not None:
+        a, b = _constant(e.this), _constant(e.expression)
+        if a is _UNKNOWN or b is _UNKNOWN:
+            return _UNKNOWN
+        if a is None or b is None:
+            return None
+        return compare(a, b) if type(a) is type(b) else _UNKNOWN
+    return _UNKNOWN
+
+
+def _rowless(node: Node) -> bool:
+    """Whether ``node`` never has a row: a ``Filter`` with a ``FALSE`` conjunct in the way."""
+    if isinstance(node, Filter):
+        return any(isinstance(c, exp.Boolean) and not c.this for c in _conjuncts(node.predicate))
+    if isinstance(node, Project):
+        return _rowless(node.input)
+    if isinstance(node, UnionAll):
+        return all(_rowless(b) for b in node.branches)
+    return False
+
+
+def _without_void_branches(node: Node) -> Node:
+    """``node`` without the UNION ALL branches that bring neither a row nor a type (no row,
+    every column NULL): an input a constant join condition never matches, none of whose
+    columns the view reads, is then not read at all."""
+    if isinstance(node, (Get, Join, SemiJoin)):
+        return node
+    if isinstance(node, Filter):
+        return Filter(_without_void_branches(node.input), node.predicate)
+    if isinstance(node, Project):
+        return Project(_without_void_branches(node.input), node.outputs)
+    if isinstance(node, (Reduce, TopK)):
+        return replace(node, input=_without_void_branches(node.input))
+    if isinstance(node, SetOp):
+        return replace(
+            node, left=_without_void_branches(node.left), right=_without_void_branches(node.right)
+        )
+    kept = [
+        _without_void_branches(b)
+        for b in node.branches
+        if not (
+            isinstance(b, Project)
+            and _rowless(b)
+            and all(isinstance(e, exp.Null) for _, e in b.outputs)
+        )
+    ] or [_without_void_branches(node.branches[0])]
+    if kept[0].columns != node.columns:  # the first branch names the columns
+        kept[0] = Project(
+            kept[0],
+            tuple((n, exp.column(c)) for n, c in zip(node.columns, kept[0].columns, strict=True)),
+        )
+    return kept[0] if len(kept) == 1 else UnionAll(tuple(kept))
+
+
 def _subquery_predicate(
     e: exp.Expression,
 ) -> tuple[str, exp.Expression, exp.Expression | None] | None:
@@ -826,6 +1225,7 @@ def lower_view(view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> Node:
     """
     lowerer = _Lowerer(view, catalog)
     node = simplify(demand(lowerer.plain(lowerer.query(view.query, {}))))
+    node = simplify(_without_void_branches(node))
     for get in collections(node):
         clash = set(get.columns) & set(RESERVED_COLUMNS)
         if clash:
