@@ -7,7 +7,8 @@ and, for SQL, the line and column; the CLI prints exactly ``str(error)``.
 
 Contract in ``(data, time, diff)`` terms: an error raised before a commit leaves every table as
 it was (no update at any time is written); :class:`InvariantViolation` is raised instead of
-committing updates that would make some multiplicity negative.
+committing updates that would make some multiplicity negative; :class:`EvaluationError` is
+raised instead of committing a view's updates when its SQL fails on one of their rows.
 """
 
 from __future__ import annotations
@@ -104,6 +105,64 @@ class NotOnDriver(IvmError):
     """The driver cannot compute this part of a plan exactly as Spark would (an expression it
     does not evaluate, floating point, a decimal past 38 digits, an overflow); Spark computes
     it instead. Internal: the engine catches it, it never reaches a user."""
+
+
+class EvaluationError(IvmError, ArithmeticError):
+    """A view's expression fails on a row as Spark SQL (ANSI mode) fails it: an overflow, a
+    division by zero, text that is not a number. The view's refresh stops before its commit.
+
+    Attributes:
+        kind: ``"overflow"``, ``"division by zero"`` or ``"invalid input"``.
+        operation: the failing expression (Spark SQL text), when known.
+        detail: what failed (``"9.99 does not fit decimal(2,1)"``), when known.
+        view: the view whose refresh failed, when known.
+        column: the view's output column (or ``"WHERE"``) computing it, when known.
+        condition: Spark's error condition (``"ARITHMETIC_OVERFLOW"``) when Spark raised it.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        operation: str | None = None,
+        detail: str | None = None,
+        view: str | None = None,
+        column: str | None = None,
+        condition: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.operation = operation
+        self.detail = detail
+        self.view = view
+        self.column = column
+        self.condition = condition
+        where = ", ".join(
+            part
+            for part in (
+                f"view {view!r}" if view else "",
+                f"column {column!r}" if column else "",
+            )
+            if part
+        )
+        message = kind + (f" in {operation}" if operation else "")
+        message += f": {detail}" if detail else ""
+        message += f" (Spark: {condition})" if condition else ""
+        super().__init__(f"{where}: {message}" if where else message)
+
+    def located(self, **known: str | None) -> EvaluationError:
+        """The same error, with the attributes in ``known`` (``view``, ``column``,
+        ``operation``, ``detail``, ``condition``) filled in where it has none yet."""
+        fields = {
+            "operation": self.operation,
+            "detail": self.detail,
+            "view": self.view,
+            "column": self.column,
+            "condition": self.condition,
+        }
+        for name, value in known.items():
+            if fields.get(name) is None:
+                fields[name] = value
+        return EvaluationError(self.kind, **fields)
 
 
 class ViewNotFoundError(IvmError, KeyError):

@@ -36,8 +36,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
-from ops.ingest import read_file_rows, read_files
-from ops.rows import SortedKey, semi_join_null_safe
+from ops.declines import declined
+from ops.ingest import file_rows_declined, read_file_rows, read_files
+from ops.rows import SortedKey, cast_loss, semi_join_null_safe
 from ops.sink import append_updates, commit_staged, exact_types, spark_order
 from resources.faults import crash_point
 from resources.filecache import FILES
@@ -168,8 +169,10 @@ def build_by_driver(
     partition column the arrangement holds) as ``+1`` updates at ``epoch``, written and
     committed by the driver, with no Spark job. Returns None, committing nothing, when the
     snapshot is too large (:data:`DRIVER_BUILD_ROWS`, :data:`DRIVER_SORT_ROWS`), a file is
-    remote or lacks a column, or a value does not cast to ``schema`` (the
-    ``(columns..., _time, _diff)`` types Spark's read of the snapshot has): Spark builds it.
+    remote, or a file's columns are not read as Spark reads them with ``schema`` (the
+    ``(columns..., _time, _diff)`` types Spark's read of the snapshot has): Spark builds it
+    (:func:`ops.ingest.file_rows_declined`, checked on every file's footer first, the
+    reason recorded: :func:`ops.declines.declined`).
 
     The files are what :func:`write_updates` writes: sorted by ``(key, _time)`` (NULLs
     first), :data:`ROWS_PER_FILE` rows each, pages of :data:`PAGE_ROWS`, the engine's codec.
@@ -186,27 +189,35 @@ def build_by_driver(
     ordered = key_ordered(files, key[0]) if rows <= DRIVER_BUILD_ROWS else None
     if ordered is None and rows > DRIVER_SORT_ROWS:
         return None
+    why = _first_unreadable(
+        files, schema_of(schema, [c for c in schema.names if c not in (TIME, DIFF)])
+    )
+    if why is not None:
+        declined(f"an arrangement built by Spark ({why})")
+        return None
     staged_uri = staging_uri(uri, epoch, "updates")
     types = spark_compatible_schema(schema)
 
-    def one_file(f: DataFile) -> bool:
-        table = _file_updates(local_path(f.uri), schema, epoch)
-        if table is not None:
-            _stage_sorted(table, staged_uri, key, types)
-        return table is not None
+    def one_file(f: DataFile) -> None:
+        _stage_sorted(_file_updates(local_path(f.uri), schema, epoch), staged_uri, key, types)
 
     with _writers(len(files)) as pool:
-        if ordered is not None:  # what a failed file left staged, vacuum removes
-            if not all(pool.map(one_file, ordered)):
-                return None
+        if ordered is not None:
+            list(pool.map(one_file, ordered))
         else:
             tables = list(
                 pool.map(lambda f: _file_updates(local_path(f.uri), schema, epoch), files)
             )
-            if any(t is None for t in tables):
-                return None
             _stage_sorted(pa.concat_tables(tables), staged_uri, key, types, pool)
     return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
+
+
+def _first_unreadable(files: Sequence[DataFile], data: pa.Schema) -> str | None:
+    """Why the driver does not read one of ``files``' ``data`` columns as Spark reads them
+    (:func:`ops.ingest.file_rows_declined`, the footers read at once), or None."""
+    with _writers(len(files)) as pool:
+        found = pool.map(lambda f: file_rows_declined(local_path(f.uri), data), files)
+        return next((why for why in found if why is not None), None)
 
 
 def write_held_updates(
@@ -225,12 +236,15 @@ def write_held_updates(
     job: ``(columns..., _time, _diff)`` sorted by ``(key, _time)``, NULLs first as Spark
     sorts, in files of :data:`ROWS_PER_FILE` rows written at once on the driver's threads,
     each handed to the driver's cache; the result's ``staged`` holds the rows as written.
-    None, writing nothing, when the rows do not cast to ``schema``. ``overwrite``: they
-    replace the table's contents (a rebuild), in one commit."""
-    try:
-        rows = rows.select(schema.names).cast(schema)
-    except (KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    None, writing nothing, when the rows lack one of ``schema``'s columns or one's type does
+    not convert to ``schema``'s without loss (:func:`ops.rows.cast_loss`; the reason
+    recorded: :func:`ops.declines.declined`). ``overwrite``: they replace the table's
+    contents (a rebuild), in one commit."""
+    why = cast_loss(rows.schema, schema)
+    if why is not None:
+        declined(f"rows written by Spark ({why})")
         return None
+    rows = rows.select(schema.names).cast(schema)
     staged_uri = staging_uri(uri, epoch, "updates")
     types = spark_compatible_schema(schema)
     if rows.num_rows <= ROWS_PER_FILE:  # an epoch's change: one file, no thread to start
@@ -286,20 +300,15 @@ def _commit_sorted(
     return commit_staged(staged, uri, app_id, epoch, schema, metadata, _description(key), overwrite)
 
 
-def _file_updates(path: str, schema: pa.Schema, epoch: int) -> pa.Table | None:
+def _file_updates(path: str, schema: pa.Schema, epoch: int) -> pa.Table:
     """A source data file's rows as ``+1`` updates at ``epoch``: ``schema``'s columns as
-    :func:`ops.ingest.read_file_rows` reads them; None when it cannot."""
+    :func:`ops.ingest.read_file_rows` reads them (the caller checked that it can)."""
     data = [c for c in schema.names if c not in (TIME, DIFF)]
     table = read_file_rows(path, schema_of(schema, data))
-    if table is None:
-        return None
     n = table.num_rows
     table = table.append_column(TIME, pa.array(np.full(n, epoch, np.int64)))
     table = table.append_column(DIFF, pa.array(np.ones(n, np.int64)))
-    try:
-        return table.cast(schema)
-    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+    return table.cast(schema)
 
 
 def _description(key: Sequence[str]) -> str:
@@ -663,10 +672,11 @@ def lookup_arrow(
     live = [f for f in files if f.mins.get(TIME) is None or f.mins[TIME] <= as_of]
     st = LookupStats(lookups=1, files_total=len(files))
     st.rows_total = sum(f.file.num_records or 0 for f in files)
-    try:
-        found = distinct_rows(keys.select(list(key)).drop_null().cast(schema_of(types, key)))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    why = cast_loss(keys.schema, schema_of(types, key))
+    if why is not None:  # Spark compares keys of two types in a wider one
+        declined(f"a lookup in {uri.rsplit('/', 1)[-1]} read by Spark (key {why})")
         return None
+    found = distinct_rows(keys.select(list(key)).drop_null().cast(schema_of(types, key)))
     st.keys = found.num_rows
     first = sorted(v for v in pc.unique(found.column(key[0])).to_pylist() if v is not None)
     chosen = [f.file for f in live if first and _may_hold(f, key[0], first)]

@@ -31,8 +31,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ivm.errors import ChangeFeedError, InvariantViolation
+from ivm.errors import ChangeFeedError, InvariantViolation, NotOnDriver
 from ops import DIFF, TIME
+from ops.declines import declined
+from ops.rows import cast_loss
 from resources.lake import (
     DataFile,
     FileStats,
@@ -82,22 +84,39 @@ def read_files(
     return reduce(DataFrame.unionByName, parts)
 
 
-def read_file_rows(path: str, schema: pa.Schema) -> pa.Table | None:
+def file_rows_declined(path: str, schema: pa.Schema) -> str | None:
+    """Why the driver does not read a local data file's ``schema`` columns as Spark would
+    (:func:`read_file_rows`), from its footer: the file lacks one (Spark would read NULLs),
+    holds two of that name (regardless of case), or one's type does not convert to
+    ``schema``'s without loss (:func:`ops.rows.lossless`). None when it does."""
+    return _file_columns_declined(pq.read_schema(path), schema)[0]
+
+
+def _file_columns_declined(
+    found: pa.Schema, schema: pa.Schema
+) -> tuple[str | None, dict[str, str]]:
+    """:func:`file_rows_declined` given the file's schema, and its names by lower case."""
+    names = {n.lower(): n for n in found.names}
+    if len(names) < len(found.names):
+        return "a data file holds two columns of one name", names
+    missing = [c for c in schema.names if c.lower() not in names]
+    if missing:
+        return f"a data file lacks column {missing[0]} (Spark reads NULLs)", names
+    renamed = pa.schema([found.field(names[c.lower()]).with_name(c) for c in schema.names])
+    loss = cast_loss(renamed, schema)
+    return (None if loss is None else f"a data file's {loss}"), names
+
+
+def read_file_rows(path: str, schema: pa.Schema) -> pa.Table:
     """A local data file's ``schema`` columns as Spark's read with that schema gives them:
-    found by name regardless of case (Spark's default), cast to ``schema``'s types. None when
-    the file lacks one (Spark would read NULLs) or holds two of that name, or a value does not
-    cast: Spark reads it."""
+    found by name regardless of case (Spark's default), cast to ``schema``'s types. Raises
+    NotOnDriver when :func:`file_rows_declined` says why not: Spark reads it."""
     found = pq.ParquetFile(path)
-    names = {n.lower(): n for n in found.schema_arrow.names}
-    if len(names) < len(found.schema_arrow.names) or any(
-        c.lower() not in names for c in schema.names
-    ):
-        return None
+    why, names = _file_columns_declined(found.schema_arrow, schema)
+    if why is not None:
+        raise NotOnDriver(why)
     table = found.read(columns=[names[c.lower()] for c in schema.names])
-    try:
-        return table.rename_columns(schema.names).cast(schema)
-    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
+    return table.rename_columns(schema.names).cast(schema)
 
 
 def _lower_names(df: DataFrame) -> DataFrame:
@@ -231,8 +250,10 @@ class _Changes:
             return None
         parts = []
         for f in files:
-            rows = read_file_rows(local_path(f.uri), pa.schema(fields))
-            if rows is None:
+            try:
+                rows = read_file_rows(local_path(f.uri), pa.schema(fields))
+            except NotOnDriver as why:
+                declined(f"appended files read by Spark ({why})")
                 return None
             count_driver_read(f.uri, rows.num_rows)
             parts.append(
@@ -261,16 +282,22 @@ def consolidated_on(updates: pa.Table, columns: Sequence[str]) -> pa.Table | Non
     ordered = [c for c in updates.column_names if c in wanted and c != DIFF]
     if len(ordered) != len(wanted):
         return None
-    try:
-        sums = (
-            updates.select([*ordered, DIFF])
-            .group_by(ordered, use_threads=False)
-            .aggregate([(DIFF, "sum")])
-        )
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    nested = [c for c in ordered if _ungroupable(updates.schema.field(c).type)]
+    if nested:
+        declined(f"column {nested[0]} summed by Spark (Arrow does not group nested values)")
         return None
+    sums = (
+        updates.select([*ordered, DIFF])
+        .group_by(ordered, use_threads=False)
+        .aggregate([(DIFF, "sum")])
+    )
     net = sums.select([*ordered, f"{DIFF}_sum"]).rename_columns([*ordered, DIFF])
     return net.filter(pc.not_equal(net.column(DIFF), 0))
+
+
+def _ungroupable(t: pa.DataType) -> bool:
+    """Whether Arrow's grouping refuses keys of type ``t`` (lists, structs, maps, unions)."""
+    return pa.types.is_nested(t) or pa.types.is_union(t)
 
 
 def cancels_on(updates: pa.Table, columns: Sequence[str]) -> bool:

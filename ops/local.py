@@ -8,20 +8,29 @@ Contract in ``(data, time, diff)`` terms, the same as :func:`ops.stateless.rende
 update ``(d, t, r)`` becomes ``(f(d), t, r)`` or is dropped, and given the same input updates
 the output equals Spark's row for row, types included. Every expression's type is Spark's own:
 the expressions are analysed by Spark over an empty frame of the input's schema (no job; once
-per process, schema and expression). Values are then computed exactly: decimals in 256 bits,
-rounded half away from zero to Spark's result scale as Spark does; integers with overflow
-checks; strings as UTF-8 bytes.
+per process, schema and expression). Values are then computed exactly: decimals in 256 bits
+(or as Python integers past that), rounded half away from zero to Spark's result scale as
+Spark rounds them, a carry into a new digit included (9.99 as DECIMAL(5,1) is 10.0), products
+in 38 significant digits and quotients to 38 places first, as ``java.math.BigDecimal`` with
+Spark's contexts; integers checked against their type; strings as UTF-8 bytes. Conditional
+parts (CASE branches, COALESCE's and IF's later arguments, the right side of AND/OR) are
+evaluated on the rows that reach them only, as Spark evaluates them.
 
+A value that fails on a row as Spark's ANSI mode fails it (an overflow, a division by zero)
+raises :class:`~ivm.errors.EvaluationError` naming the expression and the output column
+(Spark 4 runs in ANSI mode; without it Spark returns NULL or wraps, and the driver declines).
 What the driver cannot evaluate exactly raises :class:`~ivm.errors.NotOnDriver` before any
 row is written, and the caller renders the plan on Spark: an expression it does not know,
-floating-point arithmetic or comparison, a product past 38 digits, an overflow (Spark raises
-or returns NULL, depending on ANSI mode), case mapping or slicing of non-ASCII text, joins and
-stateful nodes.
+floating-point arithmetic, comparison or division, text read as a number, TRY_CAST of a
+value that fails, case mapping or slicing of non-ASCII text, outer and semi-joins and the
+stateful nodes :mod:`ops.local_reduce` leaves to Spark.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
+import decimal
 import json
 import os
 import threading
@@ -29,14 +38,16 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 from sqlglot import exp
 
-from ivm.errors import NotOnDriver
+from ivm.errors import EvaluationError, NotOnDriver
 from ivm.plan.ir import (
     Filter,
     Get,
@@ -105,6 +116,8 @@ _VALUES = (
     exp.Length,
     exp.Concat,
     exp.Coalesce,
+    exp.Nullif,
+    exp.Div,
     exp.NullSafeEQ,
     *_COMPARISONS,
     *_ARITHMETIC,
@@ -207,6 +220,14 @@ def _broadcast(v: Value, n: int) -> pa.Array:
     return v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v
 
 
+def _is_value(node: exp.Expression) -> bool:
+    """Whether ``node`` is evaluated as a value (its Spark type asked for): a CASE's ``WHEN``
+    branch is structure, a standalone ``IF(c, a, b)`` a value."""
+    if isinstance(node, exp.If):
+        return node.arg_key != "ifs"
+    return isinstance(node, _VALUES)
+
+
 def _check_supported(e: exp.Expression) -> None:
     for node in e.walk():
         if not isinstance(node, _VALUES + _STRUCTURE):
@@ -221,7 +242,7 @@ def spark_types(spark, schema: T.StructType, expressions: Sequence[exp.Expressio
     for e in expressions:
         _check_supported(e)
         for node in e.walk():
-            if isinstance(node, _VALUES):
+            if _is_value(node):
                 sql = spark_sql(node)
                 if (fields, sql) not in _TYPES and sql not in wanted:
                     wanted.append(sql)
@@ -244,22 +265,78 @@ def decimal_shape(t: T.DataType) -> tuple[int, int]:
     return digits, 0
 
 
+_ARROW_DIGITS = 76
+"""The most digits an Arrow decimal holds (``decimal256``)."""
+
+_EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_UP)
+"""Python decimals in as many digits as the driver's values need (Spark's are at most 38
+digits on either side of the point)."""
+
+_SPARK_PRODUCT_DIGITS = 38
+"""Spark multiplies decimals in ``java.math.MathContext(38, HALF_UP)``: a product of more
+significant digits is rounded to 38 before it is rounded to the result's scale."""
+
+_SPARK_QUOTIENT_SCALE = 38
+"""Spark divides decimals to 38 places, half up, before rounding to the result's scale."""
+
+_SPARK_NEGATION_DIGITS = 34
+"""Spark negates a decimal of more than 18 digits as a Scala ``BigDecimal`` (its
+``MathContext.DECIMAL128``): a value of more than 34 significant digits (counted at its
+type's scale) is first rounded half even to 34 of them, which may then overflow its type."""
+
+
 def _decimal(v: Value, t: T.DataType) -> Value:
     """A number of Spark type ``t`` as an exact 256-bit decimal of its own precision."""
     precision, scale = decimal_shape(t)
     return v.cast(pa.decimal256(max(precision, 1), scale))
 
 
+def _integral_bounds(t: T.DataType) -> tuple[int, int]:
+    bits = {T.ByteType: 8, T.ShortType: 16, T.IntegerType: 32, T.LongType: 64}[type(t)]
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def _first_outside(v: Value, fits: Callable[[Any], bool]) -> Any:
+    """The first non-NULL value of ``v`` for which ``fits`` is false (for an error message)."""
+    values = [v.as_py()] if isinstance(v, pa.Scalar) else v.to_pylist()
+    return next((x for x in values if x is not None and not fits(x)), None)
+
+
+def _check_range(v: Value, low: Any, high: Any, target: str) -> None:
+    """EvaluationError (overflow) when a value of ``v`` lies outside ``[low, high]``."""
+    if isinstance(v, pa.Scalar):
+        least = most = v.as_py()
+    else:
+        extremes = pc.min_max(v)
+        least, most = extremes["min"].as_py(), extremes["max"].as_py()
+    if least is None or (least >= low and most <= high):
+        return
+    bad = _first_outside(v, lambda x: low <= x <= high)
+    raise EvaluationError("overflow", detail=f"{bad} does not fit {target}")
+
+
+def _rounded(v: Value, scale: int) -> Value:
+    """An exact decimal rounded half away from zero to ``scale`` places, in a type one digit
+    wider than its own, so that a carry into a new digit (9.99 to 10.0) fits."""
+    if v.type.scale <= scale:
+        return v
+    if v.type.precision >= _ARROW_DIGITS:
+        raise NotOnDriver("a decimal of 76 digits rounded: Spark's")
+    wide = v.cast(pa.decimal256(v.type.precision + 1, v.type.scale))
+    return pc.round(wide, ndigits=scale, round_mode="half_towards_infinity")
+
+
 def _fit_decimal(v: Value, t: T.DecimalType) -> Value:
-    """An exact decimal rounded half away from zero to ``t``'s scale (as Spark's
-    ``changePrecision``), then held in ``t``; a value past ``t``'s precision: Spark's part."""
-    scale = v.type.scale
-    if scale > t.scale:
-        v = pc.round(v, ndigits=t.scale, round_mode="half_towards_infinity")
-    try:
-        return v.cast(pa.decimal128(t.precision, t.scale))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise NotOnDriver(f"a value overflows {t.simpleString()}") from err
+    """An exact decimal rounded half away from zero to ``t``'s scale, then held in ``t`` (as
+    Spark's ``changePrecision``); a value past ``t``'s precision raises EvaluationError
+    (overflow), as Spark's ANSI mode does."""
+    v = _rounded(v, t.scale)
+    bound = Decimal(10) ** (t.precision - t.scale)
+    largest = pc.max(pc.abs(v)) if not isinstance(v, pa.Scalar) else v
+    if largest.is_valid and abs(largest.as_py()) >= bound:
+        bad = _first_outside(v, lambda x: abs(x) < bound)
+        raise EvaluationError("overflow", detail=f"{bad} does not fit {t.simpleString()}")
+    return v.cast(pa.decimal128(t.precision, t.scale))
 
 
 def _convert(v: Value, source: T.DataType, target: T.DataType) -> Value:
@@ -276,21 +353,135 @@ def _convert(v: Value, source: T.DataType, target: T.DataType) -> Value:
     if isinstance(target, T.DecimalType) and isinstance(source, _NUMERIC):
         return _fit_decimal(_decimal(v, source), target)
     if type(target) in _INTEGRAL_DIGITS and type(source) in _INTEGRAL_DIGITS:
-        try:
-            return v.cast(arrow_type(target))  # a safe cast: an overflow raises
-        except pa.ArrowInvalid as err:
-            raise NotOnDriver(f"a value overflows {target.simpleString()}") from err
+        _check_range(v, *_integral_bounds(target), target.simpleString())
+        return v.cast(arrow_type(target))
     raise NotOnDriver(f"{source.simpleString()} -> {target.simpleString()} is Spark's")
+
+
+def _integral_result(op: str, a: Value, b: Value, t: T.DataType) -> Value:
+    """``a op b`` of integers as Spark computes it in type ``t``: exact (in a wider type),
+    then EvaluationError (overflow) for a result past ``t``, as Spark's ANSI mode raises."""
+    # int, smallint, tinyint: exact in 64 bits; bigint: in 20-digit decimals
+    wide = pa.int64() if _INTEGRAL_DIGITS[type(t)] <= 10 else pa.decimal256(20, 0)
+    exact = getattr(pc, op)(a.cast(wide), b.cast(wide))
+    _check_range(exact, *_integral_bounds(t), t.simpleString())
+    return exact.cast(arrow_type(t))
+
+
+def _half_up(n: int, d: int) -> int:
+    """``n / d`` (``d > 0``) rounded half away from zero."""
+    q, r = divmod(abs(n), d)
+    q += 2 * r >= d
+    return q if n >= 0 else -q
+
+
+def _half_even(n: int, d: int) -> int:
+    """``n / d`` (``d > 0``) rounded half to even."""
+    q, r = divmod(abs(n), d)
+    q += 2 * r > d or (2 * r == d and q % 2 == 1)
+    return q if n >= 0 else -q
+
+
+def _unscaled(column: pa.Array, t: T.DataType) -> list[int | None]:
+    """A numeric column's values as integers of its decimal scale (``decimal_shape``)."""
+    scale = decimal_shape(t)[1]
+    return [
+        None if x is None else (int(x.scaleb(scale, context=_EXACT)) if scale else int(x))
+        for x in column.to_pylist()
+    ]
+
+
+def _held(units: list[int | None], t: T.DecimalType) -> pa.Array:
+    """Integers of ``t``'s scale as a ``t`` column; EvaluationError (overflow) for one past
+    its precision."""
+    bound = 10**t.precision
+    bad = next((u for u in units if u is not None and abs(u) >= bound), None)
+    if bad is not None:
+        value = Decimal(bad).scaleb(-t.scale, context=_EXACT)
+        raise EvaluationError("overflow", detail=f"{value} does not fit {t.simpleString()}")
+    return pa.array(
+        [None if u is None else Decimal(u).scaleb(-t.scale, context=_EXACT) for u in units],
+        pa.decimal128(t.precision, t.scale),
+    )
+
+
+def _to_scale(units: int, scale: int, target: int) -> int:
+    """A decimal's integer of ``scale`` places as one of ``target`` places, half up."""
+    if scale >= target:
+        return _half_up(units, 10 ** (scale - target))
+    return units * 10 ** (target - scale)
+
+
+def _spark_product(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
+    """``x·10^-sx · y·10^-sy`` as Spark's ``Decimal *``: the exact product rounded half up to
+    38 significant digits, then to ``t``'s scale; as an integer of that scale."""
+    units, scale = x * y, sx + sy
+    excess = len(str(abs(units))) - _SPARK_PRODUCT_DIGITS
+    if excess > 0:
+        units, scale = _half_up(units, 10**excess), scale - excess
+        if scale < 0:  # more than 38 integer digits: past any decimal type
+            value = Decimal(units).scaleb(-scale, context=_EXACT)
+            raise EvaluationError("overflow", detail=f"{value} does not fit {t.simpleString()}")
+    return _to_scale(units, scale, t.scale)
+
+
+def _spark_negation(x: int, t: T.DecimalType) -> int:
+    """``-x·10^-scale`` as Spark's ``Decimal`` negates a value of type ``t``, as an integer of
+    its scale (:data:`_SPARK_NEGATION_DIGITS`)."""
+    excess = len(str(abs(x))) - _SPARK_NEGATION_DIGITS
+    if t.precision > 18 and excess > 0:
+        x = _half_even(x, 10**excess) * 10**excess
+    return -x
+
+
+def _spark_sum(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
+    """``x·10^-sx + y·10^-sy`` as Spark's ``Decimal +``: exact, then rounded half up to
+    ``t``'s scale; as an integer of that scale."""
+    scale = max(sx, sy)
+    return _to_scale(x * 10 ** (scale - sx) + y * 10 ** (scale - sy), scale, t.scale)
+
+
+def _spark_difference(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
+    """``x·10^-sx - y·10^-sy`` as Spark's ``Decimal -`` (:func:`_spark_sum`)."""
+    return _spark_sum(x, sx, -y, sy, t)
+
+
+_BY_ROW = {"add": _spark_sum, "subtract": _spark_difference, "multiply": _spark_product}
+"""Decimal arithmetic row by row in Python, for what Arrow's decimals cannot hold."""
+
+
+def _spark_quotient(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
+    """``x·10^-sx / y·10^-sy`` as Spark's ``Decimal /``: the exact quotient rounded half up
+    to 38 places, then to ``t``'s scale; as an integer of that scale. A zero ``y`` raises
+    EvaluationError, as Spark's ANSI mode does (a NULL dividend never gets here)."""
+    if y == 0:
+        raise EvaluationError("division by zero", detail=f"{Decimal(x).scaleb(-sx)} / 0")
+    shift = _SPARK_QUOTIENT_SCALE + sy - sx
+    num, den = (x * 10**shift, y) if shift >= 0 else (x, y * 10**-shift)
+    units = _half_up(num if den > 0 else -num, abs(den))
+    return _to_scale(units, _SPARK_QUOTIENT_SCALE, t.scale)
 
 
 def _all_ascii(v: Value) -> bool:
     return bool(pc.all(pc.string_is_ascii(v)).as_py() is not False)
 
 
+def _spark_setting(spark, key: str, default: str) -> str:
+    return str(spark.conf.get(key, default)).strip().lower()
+
+
 class Evaluator:
-    """Evaluates IR expressions over the rows of ``table`` as Spark does (see the module)."""
+    """Evaluates IR expressions over the rows of ``table`` as Spark does (see the module).
+
+    A value that fails on a row (an overflow, a division by zero) raises
+    :class:`~ivm.errors.EvaluationError` naming the expression, as Spark's ANSI mode raises;
+    with ANSI mode off Spark returns NULL or wraps around instead: NotOnDriver. Conditional
+    parts (a CASE's branches, COALESCE's and IF's later arguments, the right side of AND and
+    OR) are evaluated for the rows that reach them only, as Spark evaluates them, so a
+    division guarded by a CASE never fails."""
 
     def __init__(self, spark, table: pa.Table, expressions: Sequence[exp.Expression]) -> None:
+        self.spark = spark
         self.table = table
         try:
             self.schema = from_arrow_schema(table.schema)
@@ -311,12 +502,59 @@ class Evaluator:
 
     def mask(self, e: exp.Expression) -> pa.Array:
         """Which rows a predicate keeps (NULL counts as false, as in WHERE)."""
-        return pc.fill_null(_broadcast(self(e), self.table.num_rows), False)
+        return pc.fill_null(_broadcast(_as_bool(self(e)), self.table.num_rows), False)
 
     def __call__(self, e: exp.Expression) -> Value:
         while isinstance(e, exp.Paren):
             e = e.this
-        t = self.type_of(e)
+        try:
+            return self._value(e, self.type_of(e))
+        except EvaluationError as failure:
+            if failure.operation is not None:  # an inner expression's, named there
+                raise
+            return self._failed(failure, e)
+
+    def _failed(self, failure: EvaluationError, e: exp.Expression) -> Value:
+        """Where ``e`` fails: over no row nothing fails (a NULL of its type); with ANSI mode
+        (Spark 4's default) Spark raises, so does the driver; without, Spark's part."""
+        if self.table.num_rows == 0:
+            return pa.scalar(None, arrow_type(self.type_of(e)))
+        if _spark_setting(self.spark, "spark.sql.ansi.enabled", "true") != "true":
+            raise NotOnDriver(f"{failure.kind} in {spark_sql(e)} without ANSI mode: Spark's")
+        if isinstance(e, exp.TryCast) and e.args.get("safe"):
+            raise NotOnDriver(f"TRY_CAST of a value that fails: Spark's ({failure.detail})")
+        raise failure.located(operation=spark_sql(e))
+
+    def _on(self, rows: pa.Array) -> Evaluator:
+        """The same evaluator over the rows where ``rows`` is true (types known: no Spark)."""
+        other = copy.copy(self)
+        other.table = self.table.filter(rows)
+        return other
+
+    def _where(self, rows: pa.Array | None, e: exp.Expression) -> Value:
+        """``e``'s value on the rows where ``rows`` is true (None: every row), NULL on the
+        others, on which it is not evaluated (as Spark skips a branch not taken)."""
+        return self._only(rows, lambda ev: ev(e), arrow_type(self.type_of(e)))
+
+    def _only(
+        self, rows: pa.Array | None, compute: Callable[[Evaluator], Value], t: pa.DataType
+    ) -> Value:
+        """``compute(evaluator)`` for the rows where ``rows`` is true (None: every row), by
+        an evaluator over those rows only; NULL (of ``t``) on the others."""
+        taken = self.table.num_rows if rows is None else pc.sum(rows).as_py() or 0
+        if taken == self.table.num_rows:
+            return compute(self)
+        if taken == 0:
+            return pa.scalar(None, t)
+        assert rows is not None
+        value = _broadcast(compute(self._on(rows)), taken)
+        chosen = np.asarray(rows.to_numpy(zero_copy_only=False), dtype=bool)
+        positions = np.full(len(rows), -1, dtype=np.int64)
+        positions[chosen] = np.arange(taken, dtype=np.int64)
+        return value.take(pa.array(positions, mask=~chosen))
+
+    def _value(self, e: exp.Expression, t: T.DataType) -> Value:
+        n = self.table.num_rows
         if isinstance(e, exp.Column):
             return self.table.column(e.name)
         if isinstance(e, (exp.Literal, exp.Boolean, exp.Null)):
@@ -325,6 +563,8 @@ class Evaluator:
             return self._cast(e, t)
         if type(e) in _ARITHMETIC:
             return self._arithmetic(_ARITHMETIC[type(e)], e.this, e.expression, t)
+        if isinstance(e, exp.Div):
+            return self._divide(e.this, e.expression, t)
         if isinstance(e, exp.Neg):
             return self._negate(e.this, t)
         if type(e) in _COMPARISONS:
@@ -333,39 +573,52 @@ class Evaluator:
             both_null = pc.and_(pc.is_null(self(e.this)), pc.is_null(self(e.expression)))
             equal = pc.fill_null(self._compare("equal", e.this, e.expression), False)
             return pc.or_(both_null, equal)
-        if isinstance(e, exp.And):
-            return pc.and_kleene(self(e.this), self(e.expression))
-        if isinstance(e, exp.Or):
-            return pc.or_kleene(self(e.this), self(e.expression))
+        if isinstance(e, (exp.And, exp.Or)):
+            return self._logical(e)
         if isinstance(e, exp.Not):
-            return pc.invert(self(e.this))
+            return pc.invert(_as_bool(self(e.this)))
         if isinstance(e, exp.Is):
             if not isinstance(e.expression, exp.Null):
                 raise NotOnDriver("IS TRUE/FALSE is computed by Spark")
             return pc.is_null(self(e.this))
         if isinstance(e, exp.In):
             return self._in(e)
-        if isinstance(e, exp.Between):
-            low = self._compare("greater_equal", e.this, e.args["low"])
-            return pc.and_kleene(low, self._compare("less_equal", e.this, e.args["high"]))
+        if isinstance(e, exp.Between):  # Spark's x >= low AND x <= high
+            low = _broadcast(self._compare("greater_equal", e.this, e.args["low"]), n)
+            high = self._only(
+                pc.fill_null(low, True),
+                lambda ev: ev._compare("less_equal", e.this, e.args["high"]),
+                pa.bool_(),
+            )
+            return pc.and_kleene(low, high)
         if isinstance(e, exp.Case):
             return self._case(e, t)
+        if isinstance(e, exp.If):
+            return self._if(e, t)
+        if isinstance(e, exp.Nullif):
+            return self._nullif(e, t)
+        return self._string(e, t)
+
+    def _string(self, e: exp.Expression, t: T.DataType) -> Value:
         if isinstance(e, (exp.Upper, exp.Lower)):
             return self._case_map(e, t)
         if isinstance(e, exp.Substring):
             return self._substring(e, t)
         if isinstance(e, exp.Length):
-            if not isinstance(self.type_of(e.this), T.StringType):
+            if not isinstance(self.type_of(e.this), (T.StringType, T.NullType)):
                 raise NotOnDriver("length of binary is computed by Spark")
-            return pc.utf8_length(self(e.this))
+            v = self(e.this)
+            return pa.scalar(None, pa.int32()) if _is_null(v) else pc.utf8_length(v)
         if isinstance(e, exp.Concat):
             parts = e.expressions
-            if not all(isinstance(self.type_of(p), T.StringType) for p in parts):
+            if not all(isinstance(self.type_of(p), (T.StringType, T.NullType)) for p in parts):
                 raise NotOnDriver("concat of non-strings is computed by Spark")
-            return pc.binary_join_element_wise(*[self(p) for p in parts], "")
+            values = [self(p) for p in parts]
+            if any(_is_null(v) for v in values):
+                return pa.scalar(None, pa.string())
+            return pc.binary_join_element_wise(*values, "")
         if isinstance(e, exp.Coalesce):
-            parts = [e.this, *e.expressions]
-            return pc.coalesce(*[_convert(self(p), self.type_of(p), t) for p in parts])
+            return self._coalesce(e, t)
         raise NotOnDriver(f"{type(e).__name__} is computed by Spark")
 
     # -- leaves ------------------------------------------------------------------------------
@@ -409,31 +662,85 @@ class Evaluator:
     ) -> Value:
         lt, rt = self.type_of(left), self.type_of(right)
         a, b = self(left), self(right)
+        if _is_null(a) or _is_null(b) or isinstance(lt, T.NullType) or isinstance(rt, T.NullType):
+            return pa.scalar(None, arrow_type(t))  # NULL either side: NULL, nothing fails
         if isinstance(t, T.DecimalType):
-            try:
-                exact = getattr(pc, op)(_decimal(a, lt), _decimal(b, rt))
-                if op == "multiply":
-                    # Spark multiplies in at most 38 digits: beyond that it would truncate first.
-                    exact.cast(pa.decimal256(38, exact.type.scale))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-                raise NotOnDriver(f"{op} past 38 digits is computed by Spark") from err
-            return _fit_decimal(exact, t)
+            return self._decimal_arithmetic(op, a, b, lt, rt, t)
         if type(t) in _INTEGRAL_DIGITS:
-            try:
-                return getattr(pc, f"{op}_checked")(_convert(a, lt, t), _convert(b, rt, t))
-            except pa.ArrowInvalid as err:  # overflow: Spark raises, or wraps without ANSI
-                raise NotOnDriver(f"{op} overflows {t.simpleString()}") from err
+            return _integral_result(op, _convert(a, lt, t), _convert(b, rt, t), t)
         raise NotOnDriver(f"{t.simpleString()} arithmetic is computed by Spark")
+
+    def _decimal_arithmetic(
+        self, op: str, a: Value, b: Value, lt: T.DataType, rt: T.DataType, t: T.DecimalType
+    ) -> Value:
+        """``a op b`` (add, subtract, multiply) of decimals (or integers as decimals) exactly
+        as Spark: an exact sum, or a product in 38 significant digits, rounded half up to
+        ``t``'s scale, EvaluationError (overflow) past its precision."""
+        (p1, s1), (p2, s2) = decimal_shape(lt), decimal_shape(rt)
+        digits = p1 + p2 + 1 if op == "multiply" else max(p1 - s1, p2 - s2) + max(s1, s2) + 1
+        if digits >= _ARROW_DIGITS:  # past Arrow's decimals (and their rounding): in Python
+            return self._pairwise(_BY_ROW[op], a, b, lt, rt, t)
+        exact = getattr(pc, op)(_decimal(a, lt), _decimal(b, rt))
+        if op == "multiply":  # a product of more than 38 digits is rounded twice
+            largest = pc.max(pc.abs(exact)) if not isinstance(exact, pa.Scalar) else exact
+            bound = Decimal(10) ** (_SPARK_PRODUCT_DIGITS - s1 - s2)
+            if largest.is_valid and abs(largest.as_py()) >= bound:
+                return self._pairwise(_spark_product, a, b, lt, rt, t)
+        return _fit_decimal(exact, t)
+
+    def _pairwise(
+        self,
+        combine: Callable[[int, int, int, int, T.DecimalType], int],
+        a: Value,
+        b: Value,
+        lt: T.DataType,
+        rt: T.DataType,
+        t: T.DecimalType,
+    ) -> pa.Array:
+        """``combine`` of each row's two numbers (as integers of their scales) into ``t``,
+        in Python: Spark's rounding where Arrow's differs (a quotient, a wide product)."""
+        n = self.table.num_rows
+        xs = _unscaled(_broadcast(a, n), lt)
+        ys = _unscaled(_broadcast(b, n), rt)
+        sx, sy = decimal_shape(lt)[1], decimal_shape(rt)[1]
+        units = [
+            None if x is None or y is None else combine(x, sx, y, sy, t)
+            for x, y in zip(xs, ys, strict=True)
+        ]
+        return _held(units, t)
+
+    def _divide(self, left: exp.Expression, right: exp.Expression, t: T.DataType) -> Value:
+        """``left / right`` as Spark divides: of decimals (or integers with a decimal),
+        rounded as ``java.math.BigDecimal`` with Spark's scales; a zero divisor of a non-NULL
+        dividend raises EvaluationError (division by zero), as Spark's ANSI mode does.
+        Floating-point division (of integers, of doubles) is Spark's."""
+        lt, rt = self.type_of(left), self.type_of(right)
+        if not isinstance(t, T.DecimalType):
+            raise NotOnDriver(f"{t.simpleString()} division is computed by Spark")
+        b = self(right)
+        if _is_null(b) or isinstance(rt, T.NullType) or isinstance(lt, T.NullType):
+            return pa.scalar(None, arrow_type(t))
+        a = self(left)  # Spark evaluates the divisor first
+        if _is_null(a):
+            return pa.scalar(None, arrow_type(t))
+        return self._pairwise(_spark_quotient, a, b, lt, rt, t)
 
     def _negate(self, operand: exp.Expression, t: T.DataType) -> Value:
         v, source = self(operand), self.type_of(operand)
+        if _is_null(v) or isinstance(source, T.NullType):
+            return pa.scalar(None, arrow_type(t))
         if isinstance(t, T.DecimalType):
-            return _fit_decimal(pc.negate(_decimal(v, source)), t)
+            exact = pc.negate(_decimal(v, source))
+            largest = pc.max(pc.abs(exact)) if not isinstance(exact, pa.Scalar) else exact
+            bound = Decimal(10) ** (_SPARK_NEGATION_DIGITS - t.scale)
+            if largest.is_valid and abs(largest.as_py()) >= bound:  # rounded to 34 digits
+                column = _broadcast(v, self.table.num_rows)
+                units = [None if x is None else _spark_negation(x, t) for x in _unscaled(column, t)]
+                return _held(units, t)
+            return _fit_decimal(exact, t)
         if type(t) in _INTEGRAL_DIGITS:
-            try:
-                return pc.negate_checked(_convert(v, source, t))
-            except pa.ArrowInvalid as err:
-                raise NotOnDriver(f"negation overflows {t.simpleString()}") from err
+            zero = pa.scalar(0, arrow_type(t))
+            return _integral_result("subtract", zero, _convert(v, source, t), t)
         raise NotOnDriver(f"{t.simpleString()} negation is computed by Spark")
 
     def _comparable(
@@ -442,7 +749,7 @@ class Evaluator:
         """Both sides in types Arrow compares as Spark does; None if one is a NULL literal."""
         lt, rt = self.type_of(left), self.type_of(right)
         a, b = self(left), self(right)
-        if isinstance(lt, T.NullType) or isinstance(rt, T.NullType):
+        if isinstance(lt, T.NullType) or isinstance(rt, T.NullType) or _is_null(a) or _is_null(b):
             return None
         if type(lt) in _INTEGRAL_DIGITS and type(rt) in _INTEGRAL_DIGITS:
             return a.cast(pa.int64()), b.cast(pa.int64())
@@ -469,27 +776,80 @@ class Evaluator:
             raise NotOnDriver("an empty IN list is Spark's")
         return result
 
+    def _logical(self, e: exp.And | exp.Or) -> Value:
+        """AND and OR as Spark evaluates them: the right side only where the left one does
+        not decide (AND: not false; OR: not true), three-valued."""
+        n = self.table.num_rows
+        left = _broadcast(_as_bool(self(e.this)), n)
+        if isinstance(e, exp.And):
+            right = self._where(pc.fill_null(left, True), e.expression)
+            return pc.and_kleene(left, _as_bool(right))
+        right = self._where(pc.invert(pc.fill_null(left, False)), e.expression)
+        return pc.or_kleene(left, _as_bool(right))
+
     def _case(self, e: exp.Case, t: T.DataType) -> Value:
+        """CASE WHEN as Spark evaluates it: each condition on the rows no earlier one took,
+        each value (and ELSE) on the rows it is chosen for."""
         if e.this is not None:
             raise NotOnDriver("CASE x WHEN ... is computed by Spark")
         n = self.table.num_rows
         conditions, values = [], []
+        open_rows: pa.Array | None = None  # None: every row
         for branch in e.args["ifs"]:
-            conditions.append(pc.fill_null(_broadcast(self(branch.this), n), False))
-            value = branch.args["true"]
-            values.append(_broadcast(_convert(self(value), self.type_of(value), t), n))
+            condition = _as_bool(self._where(open_rows, branch.this))
+            taken = pc.fill_null(_broadcast(condition, n), False)
+            conditions.append(taken)
+            values.append(self._branch(taken, branch.args["true"], t))
+            open_rows = pc.invert(taken) if open_rows is None else pc.and_not(open_rows, taken)
         default = e.args.get("default")
         if default is not None:
-            values.append(_broadcast(_convert(self(default), self.type_of(default), t), n))
+            values.append(self._branch(open_rows, default, t))
         else:
             values.append(pa.nulls(n, arrow_type(t)))
         names = [f"c{i}" for i in range(len(conditions))]
         return pc.case_when(pa.StructArray.from_arrays(conditions, names=names), *values)
 
+    def _branch(self, rows: pa.Array | None, e: exp.Expression, t: T.DataType) -> pa.Array:
+        """A conditional value: ``e`` on ``rows`` as type ``t``, NULL elsewhere."""
+        value = _convert(self._where(rows, e), self.type_of(e), t)
+        return _broadcast(value, self.table.num_rows)
+
+    def _if(self, e: exp.If, t: T.DataType) -> Value:
+        """IF(c, a, b): ``a`` where ``c`` is true, ``b`` elsewhere (NULL included)."""
+        n = self.table.num_rows
+        chosen = pc.fill_null(_broadcast(_as_bool(self(e.this)), n), False)
+        false = e.args.get("false")
+        otherwise = (
+            pa.nulls(n, arrow_type(t))
+            if false is None
+            else self._branch(pc.invert(chosen), false, t)
+        )
+        return pc.if_else(chosen, self._branch(chosen, e.args["true"], t), otherwise)
+
+    def _nullif(self, e: exp.Nullif, t: T.DataType) -> Value:
+        """NULLIF(a, b): NULL where ``a = b``, ``a`` elsewhere (Spark's ``IF(a = b, NULL,
+        a)``)."""
+        n = self.table.num_rows
+        equal = pc.fill_null(_broadcast(self._compare("equal", e.this, e.expression), n), False)
+        value = _broadcast(_convert(self(e.this), self.type_of(e.this), t), n)
+        return pc.if_else(equal, pa.scalar(None, arrow_type(t)), value)
+
+    def _coalesce(self, e: exp.Coalesce, t: T.DataType) -> Value:
+        """COALESCE as Spark evaluates it: each argument on the rows still NULL only."""
+        result: pa.Array | None = None
+        for part in [e.this, *e.expressions]:
+            rows = None if result is None else pc.is_null(result)
+            value = self._branch(rows, part, t)
+            result = value if result is None else pc.coalesce(result, value)
+        assert result is not None
+        return result
+
     def _case_map(self, e: exp.Upper | exp.Lower, t: T.DataType) -> Value:
         if not isinstance(t, T.StringType):
             raise NotOnDriver("case mapping of a non-string is Spark's")
         v = self(e.this)
+        if _is_null(v):
+            return pa.scalar(None, pa.string())
         if not _all_ascii(v):  # Java's and Arrow's Unicode case tables may differ
             raise NotOnDriver("case mapping of non-ASCII text is computed by Spark")
         return pc.ascii_upper(v) if isinstance(e, exp.Upper) else pc.ascii_lower(v)
@@ -509,10 +869,22 @@ class Evaluator:
         if pos < 1 or (count is not None and count < 0):
             raise NotOnDriver("substr from the end is computed by Spark")
         v = self(e.this)
+        if _is_null(v):
+            return pa.scalar(None, pa.string())
         if not _all_ascii(v):  # code units are characters only in ASCII
             raise NotOnDriver("substr of non-ASCII text is computed by Spark")
         stop = None if count is None else pos - 1 + count
         return pc.utf8_slice_codeunits(v, start=pos - 1, stop=stop)
+
+
+def _is_null(v: Value) -> bool:
+    """Whether ``v`` is a NULL of no type (Spark's NULL literal): NULL whatever it meets."""
+    return v.type == pa.null()
+
+
+def _as_bool(v: Value) -> Value:
+    """A truth value, a NULL literal as a boolean NULL."""
+    return pa.scalar(None, pa.bool_()) if _is_null(v) else v
 
 
 JoinRenderer = Callable[[Join, Mapping[str, pa.Table]], pa.Table]
@@ -560,16 +932,27 @@ def render_local(
 def _filtered(spark, table: pa.Table, predicate: exp.Expression | None) -> pa.Table:
     if predicate is None:
         return table
-    return table.filter(Evaluator(spark, table, [predicate]).mask(predicate))
+    try:
+        return table.filter(Evaluator(spark, table, [predicate]).mask(predicate))
+    except EvaluationError as failure:
+        raise failure.located(column="WHERE") from failure
 
 
 def _projected(spark, table: pa.Table, outputs: Sequence[tuple[str, exp.Expression]]) -> pa.Table:
     """``(outputs..., _time, _diff)``: each update's data mapped, its time and diff kept."""
     ev = Evaluator(spark, table, [e for _, e in outputs])
     return pa.Table.from_arrays(
-        [*(ev.column(e) for _, e in outputs), table.column(TIME), table.column(DIFF)],
+        [*(_output(ev, name, e) for name, e in outputs), table.column(TIME), table.column(DIFF)],
         names=[*(name for name, _ in outputs), TIME, DIFF],
     )
+
+
+def _output(ev: Evaluator, name: str, e: exp.Expression) -> pa.Array:
+    """An output column's values; an EvaluationError names the column."""
+    try:
+        return ev.column(e)
+    except EvaluationError as failure:
+        raise failure.located(column=name) from failure
 
 
 def prepare_local(spark, inp: JoinInput, table: pa.Table) -> pa.Table:
@@ -593,6 +976,21 @@ def _at(table: pa.Table, time: int) -> pa.Table:
     return table.add_column(table.column_names.index(DIFF), TIME, times)
 
 
+def _joinable(t: pa.DataType) -> bool:
+    """Whether Arrow's hash join takes a column of type ``t`` (as a key or not)."""
+    unsupported = (pa.types.is_string_view, pa.types.is_binary_view, pa.types.is_null)
+    return not (pa.types.is_nested(t) or any(f(t) for f in unsupported))
+
+
+def _diff_product(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Two multiplicities multiplied; a product past a bigint raises EvaluationError, as
+    Spark's (ANSI) product of the two ``_diff`` columns does."""
+    largest = [max(abs(x.as_py() or 0) for x in pc.min_max(d).values()) for d in (left, right)]
+    if largest[0] * largest[1] < 2**63:
+        return pc.multiply(left, right)
+    return _integral_result("multiply", left, right, T.LongType())
+
+
 def _join_stage_local(spark, stream: pa.Table, right: pa.Table, stage: LookupStage) -> pa.Table:
     """One stage of a delta path: the stream joined with the rows looked up, diffs
     multiplied, then the residual predicates that stage can check."""
@@ -601,18 +999,20 @@ def _join_stage_local(spark, stream: pa.Table, right: pa.Table, stage: LookupSta
     for s, r in zip(stage.stream_keys, stage.input_keys, strict=True):
         if stream.schema.field(s).type != right.schema.field(r).type:
             raise NotOnDriver(f"join keys {s} and {r} differ in type: Spark casts them")
-    try:
-        out = stream.join(
-            right,
-            keys=list(stage.stream_keys),
-            right_keys=list(stage.input_keys),
-            join_type="inner",
-            coalesce_keys=False,
-            use_threads=False,
-        )
-        diff = pc.multiply_checked(out.column(DIFF), out.column(_RIGHT_DIFF))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-        raise NotOnDriver(f"a join stage Arrow cannot compute: {err}") from err
+    for field in [*stream.schema, *right.schema]:
+        if not _joinable(field.type):
+            raise NotOnDriver(
+                f"a join of {field.name} ({field.type}) is Spark's: Arrow's refuses it"
+            )
+    out = stream.join(
+        right,
+        keys=list(stage.stream_keys),
+        right_keys=list(stage.input_keys),
+        join_type="inner",
+        coalesce_keys=False,
+        use_threads=False,
+    )
+    diff = _diff_product(out.column(DIFF), out.column(_RIGHT_DIFF))
     out = out.drop_columns([DIFF, _RIGHT_DIFF]).append_column(DIFF, diff)
     for r in stage.residual:
         out = _filtered(spark, out, r)
@@ -717,8 +1117,13 @@ def on_driver(node: Node) -> bool:
     """Whether the driver may compute ``node``'s updates: it is made of Get, Filter, Project,
     UnionAll, inner joins, GROUP BY and TopK only (whose expressions or aggregates may still
     be Spark's: NotOnDriver)."""
+    return off_driver(node) is None
+
+
+def off_driver(node: Node) -> str | None:
+    """Why the driver may not compute ``node``'s updates (:func:`on_driver`), or None."""
     if isinstance(node, Join):
-        return not node.preserve
-    return isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)) and all(
-        on_driver(c) for c in node.inputs
-    )
+        return "an outer join is computed by Spark" if node.preserve else None
+    if not isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)):
+        return f"{type(node).__name__} is computed by Spark"
+    return next((why for why in map(off_driver, node.inputs) if why is not None), None)

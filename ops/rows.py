@@ -6,7 +6,9 @@ whose ``columns`` equal it, NULL equal to NULL (the grouping semantics Spark's `
 data however many NULLs it holds. :class:`SortedKey` finds the rows holding given keys in a
 file stored sorted by them (an arrangement's, a state table's) by binary search, in time
 proportional to the keys and the rows found, not to the file. Neither reads time or diff:
-callers filter, sum or check those.
+callers filter, sum or check those. :func:`cast_loss` says, from the types alone, whether rows
+convert to another schema without losing or refusing a value (so the driver decides before it
+writes anything whether it holds them as Spark would).
 """
 
 from __future__ import annotations
@@ -263,3 +265,84 @@ class _Items:
 
     def __getitem__(self, i: int) -> Any:
         return self._values[i].as_py()
+
+
+_UNITS = ("s", "ms", "us", "ns")
+_INTEGER_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+
+
+def lossless(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether every value of type ``source`` converts to ``target`` exactly, so Arrow's
+    (safe) cast of it cannot fail: the same type, a wider integer, float or decimal, another
+    layout of strings or bytes, a finer timestamp unit in the same zone, and nested types
+    made of those."""
+    if source == target or pa.types.is_null(source):
+        return True
+    if pa.types.is_dictionary(source):
+        return lossless(source.value_type, target)
+    if pa.types.is_integer(source):
+        return _integer_fits(source, target)
+    if pa.types.is_decimal(source) and pa.types.is_decimal(target):
+        whole = source.precision - source.scale
+        return target.scale >= source.scale and target.precision - target.scale >= whole
+    if pa.types.is_floating(source) and pa.types.is_floating(target):
+        return target.bit_width >= source.bit_width
+    for kind in (_is_text, _is_bytes):
+        if kind(source) and kind(target):
+            return True
+    if pa.types.is_timestamp(source) and pa.types.is_timestamp(target):
+        finer = _UNITS.index(target.unit) >= _UNITS.index(source.unit)
+        return source.tz == target.tz and finer
+    if pa.types.is_date32(source):
+        return pa.types.is_date64(target)
+    return _nested_lossless(source, target)
+
+
+def _integer_fits(source: pa.DataType, target: pa.DataType) -> bool:
+    signed = pa.types.is_signed_integer(source)
+    if pa.types.is_integer(target):
+        if pa.types.is_signed_integer(target):
+            return target.bit_width >= source.bit_width + (0 if signed else 1)
+        return not signed and target.bit_width >= source.bit_width
+    if pa.types.is_decimal(target):
+        digits = _INTEGER_DIGITS[source.bit_width] + (0 if signed or source.bit_width < 64 else 1)
+        return target.precision - target.scale >= digits
+    return False
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+
+
+def _nested_lossless(source: pa.DataType, target: pa.DataType) -> bool:
+    if pa.types.is_map(source) and pa.types.is_map(target):
+        return lossless(source.key_type, target.key_type) and lossless(
+            source.item_type, target.item_type
+        )
+    lists = (pa.types.is_list, pa.types.is_large_list)
+    if any(f(source) for f in lists) and any(f(target) for f in lists):
+        return lossless(source.value_type, target.value_type)
+    if pa.types.is_struct(source) and pa.types.is_struct(target):
+        names = [source.field(i).name for i in range(source.num_fields)]
+        if names != [target.field(i).name for i in range(target.num_fields)]:
+            return False
+        return all(
+            lossless(source.field(i).type, target.field(i).type) for i in range(source.num_fields)
+        )
+    return False
+
+
+def cast_loss(source: pa.Schema, target: pa.Schema) -> str | None:
+    """Why rows of ``source`` do not convert to ``target`` (matched by name) without loss
+    (:func:`lossless`), or None when they do."""
+    for field in target:
+        if source.get_field_index(field.name) < 0:
+            return f"no column {field.name}"
+        found = source.field(field.name).type
+        if not lossless(found, field.type):
+            return f"column {field.name}: {found} does not convert to {field.type} exactly"
+    return None

@@ -4,10 +4,15 @@ Each node is linear (see :mod:`ivm.plan.ir`), so it is applied to the updates di
 are mapped or dropped and ``_time``/``_diff`` are carried through untouched. The same function
 renders the from-scratch evaluation (inputs = snapshots with ``_diff = +1``) and the
 incremental one (inputs = the epoch's updates): one code path, two uses.
+
+Spark's failures evaluating an expression on some row (an overflow, a division by zero, text
+that is not a number: ANSI mode's errors) are recognised by :func:`evaluation_error`, so the
+engine reports them as :class:`~ivm.errors.EvaluationError` naming the view.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from functools import reduce
 
@@ -15,10 +20,50 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlglot import exp
 
-from ivm.errors import InvariantViolation
+from ivm.errors import EvaluationError, InvariantViolation
 from ivm.plan.ir import STATEFUL, Filter, Get, Join, Node, Project, SemiJoin, UnionAll
 from ivm.sql.parse import DIALECT
 from ops import DIFF, TIME
+
+_EVALUATION_CONDITIONS = {
+    "ARITHMETIC_OVERFLOW": "overflow",
+    "BINARY_ARITHMETIC_OVERFLOW": "overflow",
+    "NUMERIC_VALUE_OUT_OF_RANGE": "overflow",
+    "CAST_OVERFLOW": "overflow",
+    "DIVIDE_BY_ZERO": "division by zero",
+    "CAST_INVALID_INPUT": "invalid input",
+}
+"""Spark's error conditions (before the first ``.``) raised by evaluating an expression on
+a row in ANSI mode, by the kind of :class:`~ivm.errors.EvaluationError` they are."""
+
+_CONDITION = re.compile(r"\[([A-Z][A-Z_]+)(?:\.[A-Z_.]+)?\] *([^\n]*)")
+
+
+def evaluation_error(error: BaseException) -> EvaluationError | None:
+    """``error`` (raised by a Spark action) as an :class:`~ivm.errors.EvaluationError` when
+    Spark failed evaluating an expression on a row (:data:`_EVALUATION_CONDITIONS`, read from
+    the error's message: a failed task's error carries it inside its own), with Spark's
+    account of the value and the expression it failed in; None otherwise."""
+    text = str(error)
+    for condition, said in _CONDITION.findall(text):
+        kind = _EVALUATION_CONDITIONS.get(condition)
+        if kind is not None:
+            detail = re.split(r"\. (?:If necessary|Use `?try_|Correct the value)", said)[0]
+            return EvaluationError(
+                kind, operation=_fragment(text), detail=detail.strip() or None, condition=condition
+            )
+    return None
+
+
+def _fragment(text: str) -> str | None:
+    """The expression a Spark error's SQL context points at (the text its ``^`` mark)."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines[:-2]):
+        if line.startswith("== SQL") and "^" in lines[i + 2]:
+            marks = lines[i + 2]
+            start = marks.index("^")
+            return lines[i + 1][start : len(marks.rstrip())] or None
+    return None
 
 
 def spark_sql(e: exp.Expression) -> str:

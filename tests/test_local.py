@@ -1,10 +1,12 @@
 """The driver's evaluation of expressions (ops.local) against Spark's own: the same values and
-the same types for every expression it evaluates, and NotOnDriver for what it leaves to Spark."""
+the same types for every expression it evaluates, the same kind of error where Spark's ANSI mode
+raises (EvaluationError on the driver), and NotOnDriver for what it leaves to Spark."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import random
 from decimal import Decimal
 
@@ -40,6 +42,10 @@ EVALUATED = [
     "coalesce(name, 'none')",
     "coalesce(qty, price)",
     "CAST(price AS DECIMAL(10, 1))",
+    "price / 2",  # decimal division, rounded as java.math.BigDecimal
+    "price / (qty + 10)",
+    "CASE WHEN qty = 0 THEN NULL ELSE price / qty END",  # the division not taken never fails
+    "price * disc / (1 + tax)",
     "upper(seg)",
     "lower(seg)",
     "substr(seg, 1, 2)",
@@ -59,12 +65,10 @@ EVALUATED = [
 ]
 
 LEFT_TO_SPARK = [
-    "price / 2",  # decimal division
+    "qty / 2",  # floating-point division
     "id % 2",
     "upper(name)",  # non-ASCII text: Java's and Arrow's case tables
     "substr(seg, -2)",
-    "qty * 2147483647 * 2",  # integer overflow: Spark raises (ANSI) or wraps
-    "CAST(price AS DECIMAL(3, 1))",  # overflow
     "ratio * 2",  # floating point
     "ratio > 0.5",
     "name LIKE 'a%'",
@@ -297,3 +301,212 @@ def test_accumulated_results_are_sparks(spark):
         pa.decimal128(22, 3),
         pa.decimal128(16, 7),
     }
+
+
+@pytest.fixture(scope="module")
+def edge() -> pa.Table:
+    """Rows at the edges of their types: extremes, zeros, NULLs, -0.0, NaN, infinities."""
+    d = Decimal
+    return pa.table(
+        {
+            "i": pa.array([2147483647, -2147483648, 0, 7, None], pa.int32()),
+            "j": pa.array([1, 1, 0, -2, None], pa.int32()),
+            "small": pa.array([5, -5, 0, 100, None], pa.int32()),
+            "b": pa.array([2**63 - 1, -(2**63), 0, 3, None], pa.int64()),
+            "t": pa.array([127, -128, 0, 1, None], pa.int8()),
+            "x": pa.array([d("9.99"), d("-9.95"), d("0.00"), d("0.05"), None], pa.decimal128(3, 2)),
+            "c": pa.array([d("9.95"), d("-0.05"), d("1.00"), d("9.94"), None], pa.decimal128(3, 2)),
+            "w": pa.array(
+                [
+                    d("12345678901234567890.123456789012345678"),
+                    d("-0.000000000000000001"),
+                    d(0),
+                    d("3.333333333333333333"),
+                    None,
+                ],
+                pa.decimal128(38, 18),
+            ),
+            "v": pa.array([d("1.5"), d("2.25"), d(0), d(-7), None], pa.decimal128(38, 18)),
+            "n": pa.array([d(10) ** 37, d(3), d(0), d(-1), None], pa.decimal128(38, 0)),
+            "q": pa.array([d(1), d(3), d(0), d(7), None], pa.decimal128(10, 4)),
+            "nz": pa.array([d(1), d(3), d(2), d("0.0007"), None], pa.decimal128(10, 4)),
+            "f": pa.array([-0.0, math.nan, math.inf, 1.5, None]),
+            "g": pa.array([0.0, 1.0, -math.inf, 0.0, None]),
+            "s": pa.array(["12", "abc", " 7 ", "", None]),
+            "u": pa.array(["1", "2", "3", "4", None]),
+            "flag": pa.array([True, False, None, True, None]),
+        }
+    )
+
+
+EDGE_CASES = [
+    # decimal casts: a carry into a new digit fits a wider type, overflows a narrow one
+    ("CAST(x AS DECIMAL(5, 1))", "value"),  # 9.99 -> 10.0
+    ("CAST(x AS DECIMAL(3, 1))", "value"),
+    ("CAST(c AS DECIMAL(2, 1))", "overflow"),  # 9.95 -> 10.0
+    ("CAST(w AS DECIMAL(10, 2))", "overflow"),
+    ("try_cast(x AS DECIMAL(5, 1))", "value"),
+    ("try_cast(b AS INT)", "declined"),  # TRY_CAST's NULL for what fails: Spark's
+    # integers: checked in their own type, as ANSI mode checks them
+    ("small + j", "value"),
+    ("small * j - 3", "value"),
+    ("-small", "value"),
+    ("CAST(small AS TINYINT)", "value"),
+    ("i + j", "overflow"),
+    ("-i", "overflow"),
+    ("b + 1", "overflow"),
+    ("b * 2", "overflow"),
+    ("t + t", "overflow"),
+    ("-t", "overflow"),
+    ("CAST(b AS INT)", "overflow"),
+    ("2147483647 + 1 + small * 0", "overflow"),
+    # decimals: exact sums, products in 38 digits, quotients to 38 places, then the scale
+    ("x * c", "value"),
+    ("x + c - 1", "value"),
+    ("x * 2", "value"),
+    ("x / 3", "value"),
+    ("x / nz", "value"),
+    ("w + v", "value"),
+    ("w * v", "value"),  # (38,18) x (38,18): scale lost, rounded twice as Spark rounds
+    ("w * v * v", "value"),
+    ("v * v", "value"),
+    ("w * 1.5", "value"),
+    ("w / nz", "value"),
+    ("-x", "value"),
+    ("-w", "value"),  # Spark negates through a 34-digit Scala BigDecimal
+    ("n + w", "overflow"),
+    ("w - n", "overflow"),
+    ("n * n", "overflow"),
+    ("n * v", "overflow"),
+    ("w * w", "overflow"),
+    # division by zero (a NULL dividend is NULL); floating-point division is Spark's
+    ("x / q", "division by zero"),
+    ("w / v", "division by zero"),
+    ("x / 0", "division by zero"),
+    ("i / 0", "declined"),
+    ("f / 0", "declined"),
+    ("1 / 0 + i", "declined"),
+    # text that is not a number: Spark's to read
+    ("CAST(s AS INT)", "declined"),
+    ("CAST(u AS INT)", "declined"),
+    # NULL in every operand position
+    ("NULL + i", "value"),
+    ("i + NULL", "value"),
+    ("NULL * x", "value"),
+    ("x / NULL", "value"),
+    ("-NULL", "value"),
+    ("CAST(NULL AS DECIMAL(5, 1))", "value"),
+    ("coalesce(NULL, i)", "value"),
+    ("NULL = i", "value"),
+    ("i IN (NULL, 1)", "value"),
+    ("upper(NULL)", "value"),
+    ("concat(NULL, s)", "value"),
+    ("length(NULL)", "value"),
+    ("substr(NULL, 1, 2)", "value"),
+    ("NOT NULL", "value"),
+    ("NULL AND flag", "value"),
+    ("flag OR NULL", "value"),
+    ("nullif(NULL, 1)", "value"),
+    ("NULL / x", "declined"),  # typed double by Spark
+    # conditional parts evaluated for the rows that reach them only
+    ("CASE WHEN q = 0 THEN NULL ELSE x / q END", "value"),
+    ("CASE WHEN i < 100 THEN i + j END", "value"),
+    ("IF(q = 0, 0, x / q)", "value"),
+    ("x / nullif(q, 0)", "value"),
+    ("coalesce(nullif(q, 0), 1)", "value"),
+    ("coalesce(small, i + j)", "value"),
+    ("q <> 0 AND x / q > 1", "value"),
+    ("q = 0 OR x / q > 1", "value"),
+    ("small BETWEEN 0 AND i + j", "overflow"),
+    # doubles: carried as they are (-0.0, NaN, infinities); their arithmetic is Spark's
+    ("f", "value"),
+    ("coalesce(f, g)", "value"),
+    ("CASE WHEN flag THEN f ELSE g END", "value"),
+    ("f IS NULL", "value"),
+    ("f * 2", "declined"),
+    ("f > 0", "declined"),
+]
+
+
+def _same_value(a: object, b: object) -> bool:
+    """Equal, a NaN equal to a NaN and -0.0 not equal to 0.0."""
+    if isinstance(a, float) and isinstance(b, float):
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b
+
+
+@pytest.mark.parametrize("sql,expected", EDGE_CASES)
+def test_edge_cases_evaluate_or_fail_as_spark(spark, edge, sql, expected):
+    """The driver gives Spark's value and type, or fails where Spark's ANSI mode fails with
+    the same kind of error (naming the expression), or leaves the expression to Spark."""
+    from pyspark.errors import PySparkException
+
+    from ivm.errors import EvaluationError
+    from ops.stateless import evaluation_error
+
+    e = sqlglot.parse_one(sql, read=DIALECT)
+    frame = spark.createDataFrame(edge).selectExpr(f"{spark_sql(e)} AS v")
+    if expected == "declined":
+        with pytest.raises(NotOnDriver):
+            Evaluator(spark, edge, [e]).column(e)
+        return
+    if expected == "value":
+        mine = Evaluator(spark, edge, [e]).column(e)
+        theirs = frame.toArrow()
+        assert mine.type == theirs.schema.field("v").type
+        values = list(zip(mine.to_pylist(), theirs.column("v").to_pylist(), strict=True))
+        assert all(_same_value(a, b) for a, b in values), values
+        return
+    with pytest.raises(EvaluationError) as found:
+        Evaluator(spark, edge, [e]).column(e)
+    with pytest.raises(PySparkException) as raised:
+        frame.toArrow()
+    theirs = evaluation_error(raised.value)
+    assert theirs is not None, raised.value
+    assert found.value.kind == theirs.kind == expected
+    assert found.value.operation and found.value.operation in spark_sql(e)
+
+
+def test_without_ansi_mode_failures_are_left_to_spark(spark, edge):
+    """With ANSI mode off Spark returns NULL (or wraps) where it would raise: the driver
+    leaves those expressions to Spark, and still computes the others."""
+    failing = [sql for sql, expected in EDGE_CASES if expected in ("overflow", "division by zero")]
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    try:
+        for sql in failing:
+            e = sqlglot.parse_one(sql, read=DIALECT)
+            with pytest.raises(NotOnDriver):
+                Evaluator(spark, edge, [e]).column(e)
+        e = sqlglot.parse_one("CAST(x AS DECIMAL(5, 1))", read=DIALECT)
+        assert Evaluator(spark, edge, [e]).column(e).to_pylist()[:2] == [
+            Decimal("10.0"),
+            Decimal("-10.0"),
+        ]
+    finally:
+        spark.conf.unset("spark.sql.ansi.enabled")
+
+
+def test_a_failure_names_its_column(spark, edge):
+    """A projection's failure names the output column and the expression; over no rows
+    nothing fails."""
+    from ivm.errors import EvaluationError
+    from ivm.plan.ir import Get, Project
+    from ops import DIFF, TIME
+
+    n = edge.num_rows
+    rows = edge.append_column(TIME, pa.array([1] * n, pa.int64()))
+    rows = rows.append_column(DIFF, pa.array([1] * n, pa.int64()))
+    node = Project(
+        Get("t", "source", tuple(edge.column_names)),
+        (
+            ("k", sqlglot.parse_one("small", read=DIALECT)),
+            ("y", sqlglot.parse_one("CAST(c AS DECIMAL(2, 1))", read=DIALECT)),
+        ),
+    )
+    with pytest.raises(EvaluationError) as found:
+        render_local(spark, node, {"t": rows})
+    assert (found.value.column, found.value.kind) == ("y", "overflow")
+    assert "CAST(`c` AS DECIMAL(2, 1))" in str(found.value)
+    assert render_local(spark, node, {"t": rows.slice(0, 0)}).num_rows == 0
