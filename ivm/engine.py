@@ -37,6 +37,7 @@ import pyarrow as pa
 from ivm.config import Project, load_project
 from ivm.errors import (
     ConfigError,
+    EvaluationError,
     InvariantViolation,
     IvmError,
     NotOnDriver,
@@ -127,6 +128,8 @@ class ViewResult:
     # ops.local); "mixed": the driver computed the joins, Spark the reductions above them;
     # "nothing": no input changed what it reads
     computed_by: str = "spark"
+    # Why the driver handed parts of a small change to Spark (ops.declines), in order
+    driver_declined: list[str] = field(default_factory=list)
 
     def metadata(self) -> dict[str, Any]:
         """Flat metadata (for Dagster and JSON output)."""
@@ -141,6 +144,7 @@ class ViewResult:
             **({"reason": self.reason} if self.reason else {}),
             "inputs_changed": self.inputs_changed,
             "computed_by": self.computed_by,
+            "driver_declined": list(self.driver_declined),
             "files_rewritten": self.files_rewritten,
             "table_rows_rewritten": self.rows_rewritten,
             "log_files_read": self.log_files_read,
@@ -204,19 +208,21 @@ class VerifyResult:
     examples: list[str] = field(default_factory=list)
     repaired: bool = False
     seconds: float = 0.0
+    tolerances: list[str] = field(default_factory=list)  # columns not compared exactly: how
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.extra or self.negative)
 
     def describe(self) -> str:
+        rules = f"; compared: {'; '.join(self.tolerances)}" if self.tolerances else ""
         if self.ok:
-            return f"{self.view}: OK at epoch {self.epoch} ({self.actual_rows} rows)"
+            return f"{self.view}: OK at epoch {self.epoch} ({self.actual_rows} rows){rules}"
         parts = [f"{self.missing} rows missing", f"{self.extra} extra"]
         if self.negative:
             parts.append(f"{self.negative} negative multiplicities in its log")
         ex = f" (e.g. {'; '.join(self.examples)})" if self.examples else ""
-        return f"{self.view}: DIFFERENT at epoch {self.epoch}: {', '.join(parts)}{ex}"
+        return f"{self.view}: DIFFERENT at epoch {self.epoch}: {', '.join(parts)}{ex}{rules}"
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"ok": self.ok}
@@ -235,7 +241,11 @@ def _state_layout(plan: ViewPlan) -> str:
     commits record them: state laid out another way (another planner's) cannot be continued."""
     return json.dumps(
         {
-            t.name: [*t.key, *([f"format {t.format}"] if t.format > 1 else [])]
+            t.name: [
+                *t.key,
+                *([f"format {t.format}"] if t.format > 1 else []),
+                *([f"hash {t.hash}"] if t.hash else []),
+            ]
             for t in state_tables(plan.root)
         },
         sort_keys=True,
@@ -282,7 +292,8 @@ class Engine:
     ) -> None:
         self.project = project if isinstance(project, Project) else load_project(project)
         self.layout = LakeLayout(self.project.lake)
-        FILES.set_budget(self.project.cache_mb * 1024 * 1024)  # one cache per process
+        # One cache per process, its budget set by the first project opened (a warning else).
+        FILES.configure(self.project.cache_mb * 1024 * 1024, str(self.project.config_file))
         self._spark = spark
         self._spark_announced = False  # progress says once where Spark computes
         if spark is not None:
@@ -835,15 +846,67 @@ class Engine:
 
         Raises:
             IvmError: a rebuild is due but no epoch is newer than the view's (mint one).
+            EvaluationError: its SQL fails on a row of its change (an overflow, a division
+                by zero, as Spark's ANSI mode fails), nothing committed: names the view, and
+                the column and expression when known.
         """
+        from ops.declines import recorded
+
         name = self.view(name).name
-        with self.job_group(f"view {name}", f"ivm: refresh view {name}") as group:
-            result = self._refresh_view(name, rebuild)
+        self._thread.found = None  # what the driver found failing (_driver_failed)
+        with (
+            self.job_group(f"view {name}", f"ivm: refresh view {name}") as group,
+            recorded() as declined,
+        ):
+            result = self._refresh_view_reporting(name, rebuild)
+        result.driver_declined = declined
         if group is not None and group.jobs is None:  # Spark Connect: tagged, not counted
             result.spark_jobs, result.spark_job_group = None, group.id
         elif group is not None and group.jobs:
             result.spark_jobs, result.spark_job_group = group.jobs, group.id
         return result
+
+    def _refresh_view_reporting(self, name: str, rebuild: bool) -> ViewResult:
+        """:meth:`_refresh_view`, Spark's failure evaluating the view's SQL on a row raised
+        as an EvaluationError naming the view (and, as the driver found it, the column)."""
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
+
+        from ops.stateless import evaluation_error
+
+        try:
+            return self._refresh_view(name, rebuild)
+        except (PySparkException, Py4JJavaError) as error:
+            failure = evaluation_error(error)
+            if failure is None:
+                raise
+            found: EvaluationError | None = getattr(self._thread, "found", None)
+            if found is not None and failure.operation in (None, found.operation):
+                if found.kind == failure.kind:
+                    failure = failure.located(column=found.column, operation=found.operation)
+            column = self._column_computing(name, failure.operation)
+            raise failure.located(view=name, column=column) from error
+
+    def _column_computing(self, name: str, operation: str | None) -> str | None:
+        """The view's column (or ``WHERE``) whose expression holds ``operation`` (Spark SQL
+        text), when one of its plan's projections or filters does."""
+        from ivm.plan.ir import Filter, Join, Project, walk
+        from ops.stateless import spark_sql
+
+        if not operation:
+            return None
+        for node in walk(self.view(name).root):
+            outputs: list[tuple[str, Any]] = []
+            if isinstance(node, Project):
+                outputs = list(node.outputs)
+            elif isinstance(node, Filter):
+                outputs = [("WHERE", node.predicate)]
+            elif isinstance(node, Join):
+                outputs = [o for inp in node.inputs for o in inp.outputs]
+            for column, e in outputs:
+                if e is not None and operation in spark_sql(e):
+                    return column
+        return None
 
     def _refresh_view(self, name: str, rebuild: bool) -> ViewResult:
         from ops.ingest import log_files_between
@@ -1279,7 +1342,39 @@ class Engine:
                 )
         stateful = partial(render_stateful, store=store)
         updates = render(plan.root, inputs, delta_join, stateful)
+        if done == 0:  # a build: its columns must be Spark's (they become the tables')
+            self._check_columns(plan, target, inputs, updates)
         return updates if done == 0 else consolidate(updates, plan.columns)
+
+    def _check_columns(
+        self, plan: ViewPlan, epoch: int, inputs: Mapping[str, Any], updates: Any
+    ) -> None:
+        """Raise unless ``updates`` (a build's) have the columns Spark's analysis of the view's
+        SQL gives over the same inputs at ``epoch`` (:func:`ivm.columns.check_columns` says
+        what equal means); a table the plan does not read (an input a constant join
+        condition never matches, none of whose columns the view shows) is given to Spark as
+        no row of its columns at ``epoch``. Analysis only, no job."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.sql.types import StructType
+
+        from ivm.columns import analysed_schema, check_columns
+        from ivm.sql.lower import referenced_tables
+        from ivm.sql.parse import parse_view
+        from ops import DIFF, TIME
+
+        frames = dict(inputs)
+        for coll in referenced_tables(parse_view(plan.sql, plan.file)) - set(frames):
+            if coll in self.sources:
+                schema = self.sources[coll].arrow_schema(self._epoch_map()[epoch].ranges[coll][1])
+            elif coll in self.plan.views:
+                schema = self.table_schema(self.layout.view_table(coll))
+            else:
+                continue  # not a table: Spark's analysis names it
+            lowered = pa.schema([f.with_name(f.name.lower()) for f in schema])
+            frames[coll] = self.spark.createDataFrame([], from_arrow_schema(lowered))
+        expected = analysed_schema(self.spark, plan.sql, plan.file, frames)
+        ours = [f for f in updates.schema.fields if f.name not in (TIME, DIFF)]
+        check_columns(plan.name, plan.file, expected, StructType(ours))
 
     @staticmethod
     def _driver_computes() -> bool:
@@ -1303,18 +1398,22 @@ class Engine:
         out as its log's rows; None when Spark computes them: the plan has an outer or
         semi-join, a set operation or an aggregate the driver does not compute, an input's
         change or a lookup's rows are not held by the driver, or an expression is not one the
-        driver evaluates exactly as Spark (a progress line says which). Joins run the delta
-        paths of the inputs
+        driver evaluates exactly as Spark (each reason recorded, :meth:`_declined`), or its
+        SQL fails on a row (Spark's plan decides whether it evaluates that row:
+        :meth:`_driver_failed`). Joins run the delta paths of the inputs
         not ``unchanged`` (:meth:`_unchanged_inputs`), their lookups read by the driver
         (``stats``: per arrangement, as :meth:`_view_updates`).
 
         The caller has checked that the inputs' change is small (:meth:`small_change`)."""
         from ops import TIME
         from ops.ingest import consolidated_on
-        from ops.local import normalized_floats, on_driver, render_local, types_recorded
+        from ops.local import normalized_floats, off_driver, render_local, types_recorded
         from ops.sink import same_columns
 
-        if not (self._driver_computes() and on_driver(plan.root)):
+        if not self._driver_computes():
+            return None
+        if (why := off_driver(plan.root)) is not None:
+            self._declined(plan.name, f"computed by Spark ({why})")
             return None
         for arrangement in self.plan.arrangements_of(plan.name):
             self.refresh_arrangement(arrangement.key)
@@ -1336,14 +1435,33 @@ class Engine:
                 updates = render_local(self.spark, plan.root, inputs, join, stateful)
             updates = normalized_floats(updates)
         except NotOnDriver as why:
-            self.progress(f"{plan.name}: computed by Spark ({why})")
+            self._declined(plan.name, f"computed by Spark ({why})")
+            return None
+        except EvaluationError as found:
+            self._driver_failed(plan.name, found)
             return None
         summed = consolidated_on(updates, [*plan.columns, TIME])
         log_schema = self.table_schema(self.layout.view_log(plan.name))
         if summed is None or not same_columns(summed.schema, log_schema):
-            self.progress(f"{plan.name}: computed by Spark (its updates' types are Spark's)")
+            self._declined(plan.name, "computed by Spark (its updates' types are Spark's)")
             return None
         return summed.cast(log_schema)
+
+    def _declined(self, view: str, reason: str) -> None:
+        """The driver handed part of ``view``'s refresh to Spark: said in the progress log and
+        recorded on its result (:func:`ops.declines.declined`)."""
+        from ops.declines import declined
+
+        declined(reason)
+        self.progress(f"{view}: {reason}")
+
+    def _driver_failed(self, view: str, found: EvaluationError) -> None:
+        """The driver found the view's SQL failing on a row of its change. Spark's plan may
+        not evaluate that row (it pushes filters below projections): Spark computes the
+        change, and raises if it fails too (:meth:`_refresh_view_reporting`, which names
+        the column the driver found)."""
+        self._thread.found = found.located(view=view)
+        self._declined(view, f"computed by Spark, which decides whether it fails ({found})")
 
     def _driver_join(
         self, done: int, target: int, stats: dict, unchanged: frozenset[str]
@@ -1397,7 +1515,9 @@ class Engine:
                         by_driver.append("join")
                     return self.spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
                 except NotOnDriver as why:
-                    self.progress(f"{plan.name}: a join computed by Spark ({why})")
+                    self._declined(plan.name, f"a join computed by Spark ({why})")
+                except EvaluationError as found:
+                    self._driver_failed(plan.name, found)
             return by_spark(node, deltas)
 
         return render_join
@@ -1771,7 +1891,10 @@ class Engine:
             return None
         try:
             rows = self._arrow_updates(coll, done, target, columns)
-        except NotOnDriver:
+        except NotOnDriver as why:
+            from ops.declines import declined
+
+            declined(f"{coll}'s change appended to an arrangement by Spark ({why})")
             return None
         return consolidated_on(rows, [*columns, TIME])
 
@@ -1913,24 +2036,30 @@ class Engine:
         """
         from pyspark.sql import functions as F
 
+        from ivm.columns import spark_query
+        from ivm.sql.lower import referenced_tables
         from ivm.sql.parse import parse_view
         from ops import DIFF, TIME
 
         plan = self.view(name)
-        for coll in plan.inputs:
+        # Every table the SQL names: the plan may not read one (a constant join condition).
+        named = referenced_tables(parse_view(plan.sql, plan.file))
+        known = set(self.plan.views) | set(self.sources)
+        for coll in dict.fromkeys([*plan.inputs, *sorted(named & known)]):
             df = self._collection_updates(coll, 0, epoch)
             rows = df.where(F.col(DIFF) > 0).withColumn(
                 "_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int")))
             )
             rows.drop(TIME, DIFF, "_copy").createOrReplaceTempView(coll)
-        query = parse_view(plan.sql, plan.file).query.sql(dialect="spark")
-        return self.spark.sql(query)
+        return spark_query(self.spark, plan.sql, plan.file)  # the SQL as written, for Spark
 
     def verify(self, name: str, *, examples: int = 3) -> VerifyResult:
         """Compare a view with :meth:`from_scratch` at its epoch: its diff log (what
         downstream views consume) summed up to that epoch, and its readable table; also
-        count negative multiplicities in the log. Doubles are compared to 9 decimals.
-        A table behind its log (a refresh stopped between the two commits) is reported."""
+        count negative multiplicities in the log. Columns are compared exactly but for
+        floating-point ones, equal within the oracle's stated tolerance (:mod:`ivm.oracle`;
+        the result lists it). A table behind its log (a refresh stopped between the two
+        commits) is reported."""
         with self.job_group(f"verify {name}", f"ivm: verify view {name}"):
             return self._verify(name, examples)
 
@@ -1951,14 +2080,9 @@ class Engine:
         if epoch == 0:
             raise IvmError(f"view {name!r} has not been materialized yet: nothing to verify")
 
-        def rounded(df):
-            cols = []
-            for f, c in zip(df.schema.fields, plan.columns, strict=True):
-                col = F.col(f"`{f.name}`")
-                if isinstance(f.dataType, (T.DoubleType, T.FloatType)):
-                    col = F.round(col, 9)
-                cols.append(col.alias(c))
-            return df.select(*cols)
+        def named(df):
+            cols = zip(df.schema.fields, plan.columns, strict=True)
+            return df.select(*[F.col(f"`{f.name}`").alias(c) for f, c in cols])
 
         log, _ = view_changes(self.spark, log_uri, self.table_schema(log_uri), -1, epoch)
         summed = log.groupBy(*[F.col(f"`{c}`") for c in plan.columns]).agg(F.sum(DIFF).alias(DIFF))
@@ -1968,10 +2092,10 @@ class Engine:
             .withColumn("_copy", F.explode(F.sequence(F.lit(1), F.col(DIFF).cast("int"))))
             .select(*[F.col(f"`{c}`") for c in plan.columns])
         )
-        expected = rounded(self.from_scratch(name, epoch))
-        actual = rounded(log_rows)
+        expected = named(self.from_scratch(name, epoch))
+        actual = named(log_rows)
         if table_epoch == epoch:  # the table must hold exactly the log's rows
-            table = rounded(
+            table = named(
                 read_files(self.spark, table_files(table_uri), self.table_schema(table_uri))
             )
             actual = actual.unionByName(table.exceptAll(actual)).exceptAll(actual.exceptAll(table))
@@ -1980,21 +2104,48 @@ class Engine:
             result.extra += 1
         # Each side is computed once (the from-scratch one can be a large job), then compared.
         expected, actual = expected.persist(), actual.persist()
+        floating = (T.DoubleType, T.FloatType)
         try:
-            missing = expected.exceptAll(actual).persist()
-            extra = actual.exceptAll(expected).persist()
             result.expected_rows, result.actual_rows = expected.count(), actual.count()
-            result.missing, result.extra = missing.count(), result.extra + extra.count()
-            for label, df in (("missing", missing), ("extra", extra)):
-                for row in df.limit(examples).collect():
-                    result.examples.append(f"{label} {tuple(row)}")
-                df.unpersist()
+            if any(isinstance(f.dataType, floating) for f in expected.schema.fields):
+                self._verify_tolerant(result, expected, actual, examples)
+            else:  # every column exact: Spark's EXCEPT ALL, both ways
+                missing = expected.exceptAll(actual).persist()
+                extra = actual.exceptAll(expected).persist()
+                result.missing, result.extra = missing.count(), result.extra + extra.count()
+                for label, df in (("missing", missing), ("extra", extra)):
+                    for row in df.limit(examples).collect():
+                        result.examples.append(f"{label} {tuple(row)}")
+                    df.unpersist()
         finally:
             expected.unpersist()
             actual.unpersist()
         result.seconds = time.perf_counter() - started
         self.progress(result.describe())
         return result
+
+    def _verify_tolerant(self, result: VerifyResult, expected, actual, examples: int) -> None:
+        """``expected`` (from scratch) against ``actual`` (the view's rows), both persisted
+        DataFrames with a floating-point column, compared in Spark under the oracle's rules
+        (:func:`ivm.oracle.tolerant_differences`): counts into ``result``, with examples and
+        the rule of each column not compared exactly."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from ivm.oracle import SparkBackend, column_rules, tolerant_differences
+
+        rules = column_rules(to_arrow_schema(expected.schema), to_arrow_schema(actual.schema))
+        backend = SparkBackend(self.spark)
+        try:
+            e, a = backend.register(expected), backend.register(actual)
+            diff = tolerant_differences(
+                backend, e, expected.columns, a, actual.columns, rules, collect=False
+            )
+        finally:
+            backend.close()
+        result.missing, result.extra = diff.missing_rows, result.extra + diff.extra_rows
+        for label, rows in (("missing", diff.missing), ("extra", diff.extra)):
+            result.examples += [f"{label} {row}" for row in list(rows)[:examples]]
+        result.tolerances = [*diff.tolerances("Spark"), *diff.notes]
 
     def repair(self, name: str) -> VerifyResult:
         """Rebuild a view (its state and contents) at a new epoch, writing the correcting
