@@ -122,8 +122,8 @@ def _sums_tables(prefix: str, sk: tuple[str, ...], holds: str, aggs: Sequence[Ag
     floats = StateTable(
         f"{prefix}.float_sums",
         (*sk, *FLOAT_SUMS_KEY),
-        "per group, argument and exponent: exact sums of floating-point values and their "
-        "squares (for SUM/AVG of floating point and for VARIANCE/STDDEV)",
+        "written only for SUM/AVG of floating point and for VARIANCE/STDDEV: per group, "
+        "argument and exponent, exact sums of the values and of their squares",
     )
     return (floats, sums)
 
