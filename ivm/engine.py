@@ -597,6 +597,13 @@ class Engine:
         arrangement. An error that is not an :class:`IvmError` (a bug, a lost Spark) stops
         new starts and is raised once the running views end.
         """
+        # PySpark's modules imported whole on this thread first: threads importing parts of
+        # them at once (a view's refresh reading pyspark.errors while another's reads
+        # pyspark.sql) found a partially initialised module.
+        import py4j.protocol  # noqa: F401
+        import pyspark.errors  # noqa: F401
+        import pyspark.sql  # noqa: F401
+
         views = self.plan.views
         selected = set(order)
         results: dict[str, ViewResult] = {}

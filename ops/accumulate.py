@@ -44,6 +44,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from ivm.plan.reduce import StateTable
 from ops import DIFF, TIME, buffer
 from ops.buffer import Row, summed
+from ops.declines import declined
 from ops.sink import exact_types
 
 EXACT = decimal.Context(prec=200, traps=[decimal.Inexact, decimal.Overflow])
@@ -56,6 +57,11 @@ def _rows_at_most(store: Any) -> int:
     most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
     usable = store.small and store.read_rows is not None and store.write_rows is not None
     return max(most, 0) if usable else 0
+
+
+def _declined(table: StateTable, why: str) -> None:
+    """Record that Spark keeps ``table`` this epoch, and why (:mod:`ops.declines`)."""
+    declined(f"state {table.name} kept by Spark ({why})")
 
 
 def _local(spark: Any, rows: Sequence[Row], schema: pa.Schema) -> DataFrame:
@@ -78,20 +84,22 @@ def accumulate_on_driver(
     written) when Spark must. ``touched(most)``: the touched groups' keys, or None when there
     are more than ``most``."""
     most = _rows_at_most(store)
-    if not most or not exact_types(sums.schema):
-        return None
+    if not most:
+        return None  # not a small change: Spark's, nothing declined
+    if not exact_types(sums.schema):
+        return _declined(table, "its types are Spark's")
     held = sums.limit(most + 1).toArrow()
     if held.num_rows > most:
-        return None
+        return _declined(table, f"more than {most} groups changed")
     groups = touched(most)
     if groups is None:
-        return None
+        return _declined(table, f"more than {most} groups touched")
     names = list(state_columns)
     old: dict[Row, list[Any]] = {}
     if store.old > 0:
         rows = store.read_rows(table, keys, groups, store.old)
         if rows is None:
-            return None
+            return _declined(table, "the touched groups' state is too large to read")
         _add(old, rows.select([*keys, *names]).to_pylist(), keys, names)
     new = {g: list(v) for g, v in old.items()}
     change = held.select([*keys, *names])
@@ -136,15 +144,17 @@ def distinct_on_driver(
     the counts in ``table``; return the distinct set's change ``(columns..., _diff)``, or
     None (nothing written) when Spark must."""
     most = _rows_at_most(store)
-    if not most or store.old <= 0 or not exact_types(change.schema):
-        return None
+    if not most or store.old <= 0:
+        return None  # a build, or not a small change: Spark's, nothing declined
+    if not exact_types(change.schema):
+        return _declined(table, "its types are Spark's")
     held = change.limit(most + 1).toArrow()
     if held.num_rows > most:
-        return None
+        return _declined(table, f"more than {most} values changed")
     cols = list(columns)
     rows = store.read_rows(table, cols, held.select(cols), store.old)
     if rows is None:
-        return None
+        return _declined(table, "the values' counts are too large to read")
     old = summed(rows.to_pylist(), cols)
     store.write_rows(table, held)
     flips = []

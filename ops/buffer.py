@@ -38,6 +38,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from ivm.plan.ir import TopK
 from ivm.plan.reduce import GLOBAL_KEY, Branch, topk_spare
 from ops import DIFF, TIME
+from ops.declines import declined
 from ops.sink import exact_types
 
 DRIVER_STATE_ROWS = 100_000
@@ -127,17 +128,18 @@ def refresh_on_driver(
     :class:`ops.reduce.StateStore`, with ``read_rows`` and ``write_rows``.
     """
     if not store.small or DRIVER_STATE_ROWS <= 0 or store.read_rows is None:
-        return None, delta
-    if store.write_rows is None:
-        return None, delta
-    if not exact_types(delta.schema):
+        return None, delta  # not a small change: nothing for the driver to decline
+    if store.write_rows is None or not exact_types(delta.schema):
+        declined(f"TopK {branch.name} refreshed by Spark (its state or types are Spark's)")
         return None, delta
     held = delta.limit(DRIVER_STATE_ROWS + 1).toArrow()
     if held.num_rows > DRIVER_STATE_ROWS:
+        declined(f"TopK {branch.name} refreshed by Spark (more than {DRIVER_STATE_ROWS} rows)")
         return None, delta
     delta = store.spark.createDataFrame(held, schema=delta.schema)  # computed once, either way
     updates = refresh_rows(node, branch, held, store)
     if updates is None:
+        declined(f"TopK {branch.name} refreshed by Spark (a group to refill, or its state)")
         return None, delta
     return store.spark.createDataFrame(updates, schema=_output_schema(node, delta.schema)), delta
 

@@ -37,6 +37,7 @@ from pyspark.sql import DataFrame
 from ivm.plan.reduce import FANOUT_BITS, Branch
 from ops import DIFF, TIME, buffer
 from ops.buffer import summed
+from ops.declines import declined
 from ops.sink import exact_types
 
 
@@ -62,9 +63,11 @@ def climb_on_driver(
     if not store.small or most <= 0 or store.read_rows is None:
         return False
     if store.write_rows is None or not exact_types(leaf.schema):
+        declined(f"{branch.name}: its tower climbed by Spark (its state or types are Spark's)")
         return False
     held = leaf.limit(most + 1).toArrow()
     if held.num_rows > most:
+        declined(f"{branch.name}: its tower climbed by Spark (more than {most} level-0 rows)")
         return False
     if not summed(held.to_pylist(), [*keys, "_p", "_b", arg]):
         return False  # nothing to climb: Spark records the empty epoch

@@ -683,7 +683,7 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
         **VIEWS,
         "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
         "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, max(v) AS top, "
-        "var_pop(v) AS spread FROM src GROUP BY grp",  # a variance: Spark's (ops.local_reduce)
+        "median(v) AS mid FROM src GROUP BY grp",  # a median: Spark's (ops.local_reduce)
     }
     root = make_project(views, {"src": src})
     base = Engine(root, spark=spark).project
