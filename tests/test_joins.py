@@ -204,3 +204,26 @@ def test_not_in_follows_null_rules_through_every_mode(spark, make_project, tmp_p
         check_all(engine)
         sizes.append(len(engine.read_view("not_in")))
     assert sizes == [2, 3, 0, 0, 2, 5]
+
+
+def test_key_equalities_joining_two_columns_of_one_input(spark, make_project, tmp_path):
+    """``a.grp = b.grp AND a.grp = b.lg`` puts two columns of ``b`` in one key class: the
+    join compares one key per input, so ``b.grp = b.lg`` must become a filter of ``b``, not
+    be dropped (the fuzzer found rows of 'D', whose lower case differs, joined anyway)."""
+    from tests.test_oracle import built_random_lake, check_all
+
+    views = {
+        "same_class": """
+            CREATE VIEW same_class AS
+            SELECT a.id, b.id AS bid, a.grp
+            FROM items a JOIN (SELECT id, grp, lower(grp) AS lg FROM items) b
+              ON a.grp = b.grp AND a.grp = b.lg
+        """,
+    }
+    lake, engine = built_random_lake(spark, make_project, tmp_path, views, 41)
+    assert "D" not in {r["grp"] for r in engine.read_view("same_class").to_pylist()}
+    for _ in range(2):
+        lake.random_batch()
+        report = engine.refresh()
+        assert report.ok, [v.error for v in report.views]
+        check_all(engine)

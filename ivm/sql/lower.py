@@ -673,7 +673,14 @@ class _Lowerer(ReduceLowering):
         groups: dict[tuple[int, str], list[tuple[int, str]]] = {}
         for x in list(parent):
             groups.setdefault(find(x), []).append(x)
-        classes = tuple(tuple(sorted(g)) for g in groups.values() if len(g) > 1)
+        classes = self._one_key_per_input(
+            [sorted(g) for g in groups.values() if len(g) > 1],
+            members,
+            pushed,
+            subs,
+            optional if preserve else None,
+            at,
+        )
         # Connected: every input reachable from the first through key equalities.
         reached, frontier = {0}, [0]
         while frontier:
@@ -700,6 +707,42 @@ class _Lowerer(ReduceLowering):
             outputs = tuple((scope.internal(m, c), outmap[c]) for c in rel.node.columns)
             inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
         return Join(tuple(inputs_), classes, tuple(residual), preserve)
+
+    def _one_key_per_input(
+        self,
+        classes: list[list[tuple[int, str]]],
+        members: list[int],
+        pushed: dict[int, list[exp.Expression]],
+        subs: dict[int, dict[str, exp.Expression]],
+        optional: set[int] | None,
+        at: exp.Join,
+    ) -> tuple[tuple[tuple[int, str], ...], ...]:
+        """Key classes holding one column per input: where equalities put two columns of
+        one input in a class (``a.x = b.y AND a.x = b.z``), ``b.y = b.z`` becomes a filter of
+        that input (the join compares one key per input, and would drop it). On an outer
+        join's preserved side that equality is part of the match, not a filter: refused.
+        ``optional``: an outer join's optional inputs (None: an inner join)."""
+        out = []
+        for cls in classes:
+            by_input: dict[int, list[str]] = {}
+            for k, column in cls:
+                by_input.setdefault(k, []).append(column)
+            for k, columns in by_input.items():
+                if len(columns) < 2:
+                    continue
+                if optional is not None and k not in optional:
+                    raise self.error(
+                        "outer join condition equating two columns of its preserved side "
+                        f"({', '.join(columns)}) through the other side is not supported",
+                        self._located(at.this, at),
+                        construct="outer join ON condition",
+                    )
+                m = members[k]
+                for other in columns[1:]:
+                    same = exp.EQ(this=exp.column(columns[0]), expression=exp.column(other))
+                    pushed[m].append(_substitute(same, subs[m]))
+            out.append(tuple(sorted((k, columns[0]) for k, columns in by_input.items())))
+        return tuple(c for c in out if len(c) > 1)
 
     def semi_join(
         self,
