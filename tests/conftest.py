@@ -32,6 +32,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite the expected EXPLAIN/error goldens from the current planner",
     )
+    fuzz = parser.getgroup("fuzz", "differential fuzzer (tests/test_fuzz.py)")
+    fuzz.addoption(
+        "--fuzz-seed",
+        default=None,
+        help="run the fuzzer on this seed (or 'random'); with --fuzz-cases N, N seeds from it",
+    )
+    fuzz.addoption(
+        "--fuzz-cases",
+        default=None,
+        help="number of fuzz cases (implies the long run's grammar and sizes)",
+    )
+    fuzz.addoption(
+        "--fuzz-long",
+        action="store_true",
+        help="the long fuzz run: many seeds, every grammar feature, larger cases",
+    )
 
 
 @pytest.fixture(scope="session")
