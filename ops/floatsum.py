@@ -37,9 +37,6 @@ smallest double (``2^-2252`` with ``e = -1126``)."""
 HALF = 27
 """``m = mh * 2^HALF + ml``: ``mh² < 2^52`` and ``2 mh ml 2^27 + ml² < 2^82``."""
 
-SUMMED_EXACTLY = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
-
-
 def is_exact(func: str, t: Any) -> bool:
     """Whether an aggregate ``func`` over Spark type ``t`` is kept as exact floating-point
     sums here: SUM and AVG of floating point, and every numeric VARIANCE/STDDEV (Spark
@@ -47,9 +44,11 @@ def is_exact(func: str, t: Any) -> bool:
     doubles is the exact answer to its SQL). Both renderers ask this one question."""
     from pyspark.sql import types as T
 
+    from ivm.plan.reduce import SUMMED  # here, not at the top: workers unpickle this module
+
     if func in ("sum", "avg"):
         return isinstance(t, (T.FloatType, T.DoubleType))
-    return func in SUMMED_EXACTLY and isinstance(t, T.NumericType)
+    return func in SUMMED and isinstance(t, T.NumericType)
 
 
 def terms(x: float) -> tuple[int, int, int, int]:

@@ -65,7 +65,7 @@ from resources.spark import is_connect
 
 FLOAT_BINS = "_fb"
 """A group's exact floating-point sums, collected from its ``float_sums`` rows: an array of
-``(_t term, _b bin, _v part sum)`` structs (:mod:`ops.floatsum`)."""
+``(_t argument, _b exponent, _v, _qh, _ql)`` structs (:mod:`ops.floatsum`)."""
 
 
 def _c(name: str) -> Column:
