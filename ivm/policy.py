@@ -1,0 +1,175 @@
+"""The execution policy: where an epoch's work runs and the sizes that decide it.
+
+The plan decides *what* a view computes; the policy decides *where* (the driver's Arrow
+renderer or Spark's) and *how* (which physical strategy of a renderer), from sizes known
+before the work starts: the change's rows (the change feed, the log files' statistics) and the
+state's rows (the Delta log's statistics). Every threshold that chooses between two paths is a
+named field of :class:`Policy`, documented here; the measurements behind the defaults are in
+BENCHMARKS.md ("Policy thresholds").
+
+Contract in ``(data, time, diff)`` terms: a policy changes where and how updates are computed,
+never which updates. For one plan node and one input, every choice yields the same multiset of
+``(data, time, diff)``; the oracle tests run the same views under :meth:`Policy.spark_only`
+and the defaults and compare both with DuckDB.
+
+One policy is in force per process (:func:`current`): the engine installs its project's
+(``[policy]`` in ``ivm.toml``), and tests set one with :func:`using`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ivm.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The thresholds that choose between paths. ``0`` turns a driver path off."""
+
+    # -- where a view's epoch runs ---------------------------------------------------------
+    driver: bool = True
+    """Whether the driver computes and writes small changes at all; off, Spark does every
+    step (``Policy.spark_only()``)."""
+    driver_change_rows: int = 100_000
+    """A refresh whose inputs give at most this many updates (by the change feed's and the log
+    files' row counts) is a *small change*: computed by the driver's renderer where it can, and
+    its updates written by the driver (one Parquet file, no Spark commit protocol)."""
+    driver_state_rows: int = 100_000
+    """Most rows of a reduction's change, and of the state rows a lookup opens, that the driver
+    takes on (accumulable sums, MIN/MAX towers, TopK buffers, DISTINCT counts)."""
+    recompute_min_rows: int = 10_000
+    """A change of fewer input updates is always applied incrementally, whatever its share of
+    the inputs (``[refresh] recompute_above``)."""
+    build_rows_per_second: int = 1_000_000
+    """How fast a first build reads its sources: ranks a refresh's views that have no recorded
+    seconds yet, costliest first."""
+
+    # -- arrangements: builds ----------------------------------------------------------------
+    driver_build_rows: int = 24_000_000
+    """A source snapshot of at most this many rows whose files are laid out by the key becomes
+    an arrangement written by the driver, file by file."""
+    driver_sort_rows: int = 4_000_000
+    """A snapshot not laid out by the key is sorted whole by the driver up to this many rows."""
+    arrangement_file_rows: int = 500_000
+    """Rows per file of an arrangement Spark writes."""
+    row_group_bytes: int = 16 * MIB
+    """Parquet row-group size of arrangement files."""
+    page_rows: int = 1_000
+    """Rows per Parquet page: with the page index, a lookup of k keys reads about k pages."""
+    page_bytes: int = 64 * 1024
+    """Parquet page size bound of arrangement files."""
+
+    # -- arrangements: lookups ---------------------------------------------------------------
+    pushdown_keys: int = 400
+    """Values per pushed-down ``IN (...)`` list (a longer OR chain overflows a task's stack)."""
+    push_ratio: int = 4
+    """A lookup pushes ``key IN (...)`` into its scans while ``keys * page_rows`` is under
+    ``1 / push_ratio`` of the live rows; otherwise it reads the candidate files once."""
+    driver_lookup_rows: int = 100_000
+    """A read-once lookup is done by the driver while the rows whose first key column matches
+    stay within this many."""
+    cold_file_rows: int = 50_000
+    """A file of at most this many rows not yet in the driver's memory counts as held: decoding
+    it costs less than a Spark job."""
+    cold_read_rows: int = 24_000_000
+    """Most rows of files not yet in the driver's memory that a lookup decodes into its cache."""
+
+    # -- sources -----------------------------------------------------------------------------
+    ordered_max_files: int = 64
+    """At most this many source files are read one by one in key order (one scan each)."""
+    keep_feed_bytes: int = 64 * MIB
+    """A change feed up to this size stays on the driver for the refresh, so each view can ask
+    whether the change touches the columns it reads."""
+
+    # -- the table sink ----------------------------------------------------------------------
+    table_file_rows: int = 1_000_000
+    """Target rows per file of a readable table's first build."""
+    driver_rewrite_rows: int = 4_000_000
+    """Up to this many rows in the files a change may delete from, the driver rewrites them."""
+    driver_insert_bytes: int = 512 * MIB
+    """Most bytes of Arrow memory an insert-only change may take on the driver."""
+    per_row_prune_files: int = 8
+    """When the deleted rows' range still overlaps this many files, find the files row by row."""
+
+    # -- rows the driver holds ---------------------------------------------------------------
+    prefilter_rows: int = 10_000
+    """Past this many rows, NULL-safe matching first keeps the rows whose first column holds
+    one of the keys' values, and joins those only."""
+    narrow_enough_rows: int = 4_096
+    """A sorted key's binary search stops descending once this many rows are left..."""
+    narrow_enough_per_key: int = 4
+    """... or this many per wanted key."""
+
+    @classmethod
+    def spark_only(cls, **changes: Any) -> Policy:
+        """Every step on Spark: no driver computation, write, state, sort, build or lookup."""
+        return cls(
+            driver=False,
+            driver_change_rows=0,
+            driver_state_rows=0,
+            driver_build_rows=0,
+            driver_sort_rows=0,
+            driver_lookup_rows=0,
+            driver_rewrite_rows=0,
+            driver_insert_bytes=0,
+            **changes,
+        )
+
+    @classmethod
+    def from_config(cls, table: Mapping[str, Any], where: str = "[policy]") -> Policy:
+        """A policy from ``ivm.toml``'s ``[policy]`` table: unknown keys and wrong types are
+        :class:`ConfigError` naming the key."""
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in table.items():
+            f = known.get(key)
+            if f is None:
+                raise ConfigError(
+                    f"{where}: unknown policy setting {key!r}; known: {', '.join(sorted(known))}"
+                )
+            want = bool if f.type in ("bool", bool) else int
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ConfigError(f"{where}: {key} must be {want.__name__}, not {value!r}")
+            if want is int and value < 0:
+                raise ConfigError(f"{where}: {key} must be >= 0, not {value}")
+            values[key] = value
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Policy:
+        return dataclasses.replace(self, **changes)
+
+
+_lock = threading.Lock()
+_current = Policy()
+
+
+def current() -> Policy:
+    """The policy in force in this process."""
+    return _current
+
+
+def install(policy: Policy) -> Policy:
+    """Put ``policy`` in force for the whole process (every thread); returns the previous."""
+    global _current
+    with _lock:
+        previous, _current = _current, policy
+    return previous
+
+
+@contextmanager
+def using(policy: Policy | None = None, **changes: Any) -> Iterator[Policy]:
+    """``policy`` (default: the current one) with ``changes``, in force inside the block."""
+    chosen = (policy or current()).replace(**changes)
+    previous = install(chosen)
+    try:
+        yield chosen
+    finally:
+        install(previous)
