@@ -2,7 +2,7 @@
 
 Owns the mapping from the engine's objects to Dagster's: asset keys, dependencies taken from
 the plan, code versions (the SQL hash), data versions and metadata. Every computation is the
-engine's (:class:`ivm.engine.Engine`): ``ivm refresh`` and a materialization run the same code.
+engine's (:class:`engine.facade.Engine`): ``ivm refresh`` and a materialization run the same code.
 
 Contract in ``(data, time, diff)`` terms:
 
@@ -23,8 +23,9 @@ from dagster import AssetExecutionContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
+from engine.facade import Engine
+from engine.results import ViewResult
 from ivm.config import Project
-from ivm.engine import Engine, ViewResult
 from ivm.errors import IvmError
 from resources.faults import crash_point
 from resources.lake import SourceTable

@@ -187,8 +187,8 @@ def _run_in_fresh_process(
 
 def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
     """A fresh engine on the project ``config``: it sees what another process committed."""
+    from engine.facade import Engine
     from ivm.config import load_project
-    from ivm.engine import Engine
 
     return Engine(load_project(config))
 
@@ -205,7 +205,7 @@ def _check_all_views_at(config: Path, epoch: int) -> None:
 
 
 def storage_totals(rows: list[dict]) -> dict[str, tuple[int, int]]:
-    """Stored and raw bytes summed over arrangements and over views (see ivm.compact)."""
+    """Stored and raw bytes summed over arrangements and over views (see engine.compact)."""
     out: dict[str, tuple[int, int]] = {}
     for kind in ("arrangement", "view"):
         mine = [r for r in rows if r["what"].startswith(kind + " ")]
@@ -241,7 +241,7 @@ def spark_full_recompute(engine, out: Path, views: list[str] | None = None) -> t
 
 
 def duckdb_full_recompute(engine) -> float:
-    from ivm.oracle import duckdb_evaluate
+    from engine.oracle import duckdb_evaluate
 
     started = time.perf_counter()
     duckdb_evaluate(engine)
@@ -251,7 +251,7 @@ def duckdb_full_recompute(engine) -> float:
 def check_views(engine, where: str) -> int:
     """Every view's table and log against DuckDB over the same source versions: a benchmark
     of wrong answers measures nothing. Exits naming the first view that differs."""
-    from ivm.oracle import compare_views
+    from engine.oracle import compare_views
 
     results = compare_views(engine)
     for c in results:
@@ -320,8 +320,8 @@ def run_scale(
     Spark Connect address) also the sensor's latency."""
     from bench.scans import ScanRows
     from demo.tpch import apply_change_batch
-    from ivm.compact import compact, storage_report
-    from ivm.engine import Engine
+    from engine.compact import compact, storage_report
+    from engine.facade import Engine
 
     work, sources, config = setup(scale)
     engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
@@ -387,7 +387,7 @@ def warm_up(scale: float, change: float, spark, *, parallelism: int) -> None:
     once the session had run one, while the Spark full recompute measured after it was
     already warm)."""
     from demo.tpch import apply_change_batch
-    from ivm.engine import Engine
+    from engine.facade import Engine
 
     started = time.perf_counter()
     work, sources, config = setup(scale)
@@ -408,8 +408,8 @@ def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> lis
     view recomputed from its inputs' state, one left to the engine's rule
     (``recompute_above``, its default); then Spark and DuckDB from scratch."""
     from demo.tpch import apply_change_batch
+    from engine.facade import Engine
     from ivm.config import DEFAULT_RECOMPUTE_ABOVE
-    from ivm.engine import Engine
 
     work, sources, config = setup(scale)
     engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
@@ -780,7 +780,9 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
         out += ["", gap]
     if swept:
         from ivm.config import DEFAULT_RECOMPUTE_ABOVE
-        from ivm.engine import RECOMPUTE_MIN_ROWS
+        from ivm.policy import current
+
+        RECOMPUTE_MIN_ROWS = current().recompute_min_rows  # noqa: N806
 
         wins = [p for p in swept if p.incremental < p.spark_full]
         ahead = [p for p in swept if p.incremental <= p.recompute]

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.__main__ import WORK, project, setup, spark_full_recompute
-    from ivm.engine import Engine
+    from engine.facade import Engine
     from resources.spark import get_spark
 
     spark = get_spark({"spark.sql.shuffle.partitions": "4"})
@@ -101,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)  # skip native thread pools' teardown at exit (see ivm.cli.entry)
+    os._exit(code)  # skip native thread pools' teardown at exit (see engine.cli.entry)

@@ -73,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)  # skip native thread pools' teardown at exit (see ivm.cli.entry)
+    os._exit(code)  # skip native thread pools' teardown at exit (see engine.cli.entry)

@@ -74,7 +74,7 @@ def generate(root: Path, rows: int) -> None:
 
 
 def build(root: Path) -> dict:
-    from ivm.engine import Engine
+    from engine.facade import Engine
     from resources.spark import get_spark
 
     spark = get_spark({"spark.sql.shuffle.partitions": "8"})
@@ -134,6 +134,6 @@ if __name__ == "__main__":
         print(json.dumps(result), flush=True)
         import os
 
-        os._exit(0)  # skip native teardown (see ivm.cli.entry)
+        os._exit(0)  # skip native teardown (see engine.cli.entry)
     else:
         main([int(a) for a in sys.argv[1:]] or [1_000_000, 10_000_000])

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     import ops.sink
     from bench.__main__ import project, setup
     from demo.tpch import apply_change_batch
-    from ivm.engine import Engine
+    from engine.facade import Engine
     from resources.spark import get_spark
 
     spark = get_spark({"spark.sql.shuffle.partitions": "4"})
@@ -108,4 +108,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    os._exit(code)  # skip native thread pools' teardown at exit (see ivm.cli.entry)
+    os._exit(code)  # skip native thread pools' teardown at exit (see engine.cli.entry)

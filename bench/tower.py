@@ -17,7 +17,7 @@ def main(n: int) -> None:
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from ivm.engine import Engine
+    from engine.facade import Engine
     from resources.spark import get_spark
 
     root = Path(tempfile.mkdtemp(prefix="ivm-tower-"))

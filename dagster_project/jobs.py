@@ -56,8 +56,8 @@ def compact_job(project: Project) -> dg.JobDefinition:
     def compact_lake(
         context: dg.OpExecutionContext, pyspark: LazyPySparkResource, config: CompactConfig
     ) -> dg.Output[None]:
-        from ivm.compact import compact, storage_report
-        from ivm.engine import Engine
+        from engine.compact import compact, storage_report
+        from engine.facade import Engine
         from resources.spark import check_spark
 
         check_spark(pyspark.spark_config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dagster as dg
 
 from ivm.config import Project
-from ivm.engine import Engine
+from engine.facade import Engine
 
 
 def run_key(engine: Engine) -> str | None:

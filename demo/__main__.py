@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from demo.tpch import apply_change_batch, create_sources, generate_parquet
-    from ivm.engine import Engine
-    from ivm.oracle import compare_views
+    from engine.facade import Engine
+    from engine.oracle import compare_views
     from resources.spark import get_spark
 
     project_dir = WORK / "project"

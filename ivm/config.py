@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivm.errors import ConfigError
-from resources.filecache import DEFAULT_BUDGET_MB
+from ivm.policy import Policy
 
 CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh"}
+_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh", "policy"}
 
 DEFAULT_PARALLELISM = 4
 """Views refreshed at once when ``[refresh] parallelism`` is not set."""
@@ -37,15 +37,7 @@ DEFAULT_PARALLELISM = 4
 DEFAULT_RECOMPUTE_ABOVE = 0.2
 """Share of a view's input rows changed above which a refresh recomputes the view from its
 inputs instead of from their changes, when ``[refresh] recompute_above`` is not set
-(measured by ``./dev bench``'s sweep: see BENCHMARKS.md). At SF0.1 the incremental refresh
-took 5.6s against the recompute's 7.1s at an input share of 12%, and 12.7s against 8.5s at
-40%: the two cross near 20%. It was 0.05 while the refresh rewrote tables and read lookups
-with Spark jobs only (then the recompute already won at 12%: 11.0s against 11.6s)."""
-
-
-DEFAULT_CACHE_MB = DEFAULT_BUDGET_MB
-"""Driver memory for decoded arrangement and state files when ``[refresh] cache_mb`` is not
-set (see :mod:`resources.filecache`)."""
+(where the two cross on ``./dev bench``'s sweep: see BENCHMARKS.md)."""
 
 
 def _is_uri(value: str) -> bool:
@@ -72,7 +64,11 @@ class Project:
             (``[refresh] recompute_above``, 0 to 1) above which the refresh recomputes the view
             from its inputs' state instead of from their changes; 1 never does.
         cache_mb: the driver memory (MiB, ``[refresh] cache_mb``) that keeps arrangement and
-            state files decoded between lookups (:mod:`resources.filecache`); 0 keeps none.
+            state files decoded between lookups (:mod:`resources.filecache`); 0 keeps none,
+            None: the cache's default (a quarter of the machine's memory, at most 8 GiB).
+        policy: the execution policy of the optional ``[policy]`` table
+            (:class:`ivm.policy.Policy`: the thresholds that choose between the driver's and
+            Spark's paths), put in force by the engine; None: the process's.
     """
 
     root: Path
@@ -84,7 +80,8 @@ class Project:
     contracts: dict[str, str] = field(default_factory=dict)
     parallelism: int = DEFAULT_PARALLELISM
     recompute_above: float = DEFAULT_RECOMPUTE_ABOVE
-    cache_mb: int = DEFAULT_CACHE_MB
+    cache_mb: int | None = None
+    policy: Policy | None = None
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -160,7 +157,27 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     spark_conf = data.get("spark", {})
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
-    refresh = data.get("refresh", {})
+    parallelism, recompute_above, cache_mb = _refresh_settings(file, data.get("refresh", {}))
+    policy = data.get("policy", {})
+    if not isinstance(policy, dict):
+        raise ConfigError(f"{file}: [policy] must be a table of policy settings")
+    return Project(
+        root=root,
+        config_file=file.resolve(),
+        lake=lake,
+        views_dir=views_dir,
+        sources=sources,
+        spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+        contracts=contracts,
+        parallelism=parallelism,
+        recompute_above=recompute_above,
+        cache_mb=cache_mb,
+        policy=Policy.from_config(policy, f"{file}: [policy]") if "policy" in data else None,
+    )
+
+
+def _refresh_settings(file: Path, refresh: object) -> tuple[int, float, int | None]:
+    """``[refresh]``'s parallelism, recompute_above and cache_mb, checked."""
     if not isinstance(refresh, dict) or set(refresh) - {
         "parallelism",
         "recompute_above",
@@ -184,21 +201,12 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
             f"{file}: [refresh] recompute_above must be a number from 0 to 1 (the share of a "
             f"view's input rows changed; 1 never recomputes), not {recompute_above!r}"
         )
-    cache_mb = refresh.get("cache_mb", DEFAULT_CACHE_MB)
-    if not isinstance(cache_mb, int) or isinstance(cache_mb, bool) or cache_mb < 0:
+    cache_mb = refresh.get("cache_mb")
+    if cache_mb is not None and (
+        not isinstance(cache_mb, int) or isinstance(cache_mb, bool) or cache_mb < 0
+    ):
         raise ConfigError(
             f"{file}: [refresh] cache_mb must be a whole number of MiB >= 0 (0: no cache), "
             f"not {cache_mb!r}"
         )
-    return Project(
-        root=root,
-        config_file=file.resolve(),
-        lake=lake,
-        views_dir=views_dir,
-        sources=sources,
-        spark_conf={str(k): str(v) for k, v in spark_conf.items()},
-        contracts=contracts,
-        parallelism=parallelism,
-        recompute_above=float(recompute_above),
-        cache_mb=cache_mb,
-    )
+    return parallelism, float(recompute_above), cache_mb

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ivm.errors import ConfigError
+from ivm.plan.ir import Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll
 
 MIB = 1024 * 1024
 
@@ -108,6 +109,11 @@ class Policy:
     narrow_enough_per_key: int = 4
     """... or this many per wanted key."""
 
+    def __post_init__(self) -> None:
+        for name in _POSITIVE:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"policy.{name} must be > 0, not {getattr(self, name)}")
+
     @classmethod
     def spark_only(cls, **changes: Any) -> Policy:
         """Every step on Spark: no driver computation, write, state, sort, build or lookup."""
@@ -141,10 +147,94 @@ class Policy:
             if want is int and value < 0:
                 raise ConfigError(f"{where}: {key} must be >= 0, not {value}")
             values[key] = value
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
     def replace(self, **changes: Any) -> Policy:
         return dataclasses.replace(self, **changes)
+
+    def place(self, root: Node, change_rows: int, *, build: bool = False) -> Placement:
+        """Where a refresh of the view ``root`` computes its updates, decided before it runs
+        from its inputs' change (``change_rows`` updates, from the change feeds' and log files'
+        row counts) and what the driver's renderer supports (:func:`driver_support`).
+
+        ``driver``: the driver renders the whole change in Arrow; an operator finding what it
+        cannot hold or evaluate exactly as Spark (a lookup's rows, a state read, an
+        expression) hands that part to Spark, and the refresh records why (``ops.declines``).
+        ``spark``: Spark renders it (the inner joins under its reductions still by the driver
+        when the change is small). ``build``: a first build reads its inputs whole: Spark."""
+        limit = self.driver_change_rows
+        if build:
+            return Placement("spark", "a first build reads every row of its inputs")
+        if not self.driver:
+            return Placement("spark", "the policy keeps the driver off (policy.driver = false)")
+        if change_rows > limit:
+            return Placement(
+                "spark", f"{change_rows:,} input updates > driver_change_rows = {limit:,}"
+            )
+        unsupported = driver_support(root)
+        if unsupported is not None:
+            return Placement("spark", f"{unsupported}; {change_rows:,} input updates", small=True)
+        return Placement(
+            "driver", f"{change_rows:,} input updates <= driver_change_rows = {limit:,}", True
+        )
+
+    def describe(self, root: Node) -> str:
+        """Where the view ``root``'s refreshes run under this policy, for EXPLAIN."""
+        if not self.driver:
+            return "Spark (policy.driver = false)"
+        unsupported = driver_support(root)
+        if unsupported is not None:
+            return f"Spark ({unsupported})"
+        return (
+            f"the driver (Arrow) when its inputs change by at most {self.driver_change_rows:,} "
+            "updates (policy.driver_change_rows), else Spark"
+        )
+
+
+_POSITIVE = (
+    "build_rows_per_second",
+    "arrangement_file_rows",
+    "row_group_bytes",
+    "page_rows",
+    "page_bytes",
+    "pushdown_keys",
+    "push_ratio",
+    "ordered_max_files",
+    "table_file_rows",
+    "narrow_enough_rows",
+    "narrow_enough_per_key",
+)
+"""Sizes that are divisors or batch sizes: 0 would not turn a path off, it would break it."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one refresh of a view computes its updates, and why (shown by ``ivm refresh``,
+    recorded on the view's result and its Dagster materialization)."""
+
+    where: str
+    """``driver`` or ``spark``."""
+    reason: str
+    small: bool = False
+    """The change is small (at most ``driver_change_rows``): what it causes is written by the
+    driver, and the inner joins under Spark's reductions are computed by the driver."""
+
+    def __str__(self) -> str:
+        return f"{self.where} ({self.reason})"
+
+
+def driver_support(node: Node) -> str | None:
+    """Why the driver's renderer cannot compute ``node``'s updates, or None: it renders Get,
+    Filter, Project, UnionAll, inner joins, GROUP BY and TopK (an expression or aggregate
+    among them may still be Spark's, found when the driver evaluates it)."""
+    if isinstance(node, Join):
+        return "an outer join is computed by Spark" if node.preserve else None
+    if not isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)):
+        return f"{type(node).__name__} is computed by Spark"
+    return next((why for why in map(driver_support, node.inputs) if why is not None), None)
 
 
 _lock = threading.Lock()

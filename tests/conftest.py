@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
+from ivm import policy
+from ivm.policy import Policy
 from resources.spark import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
@@ -93,3 +95,17 @@ def make_project(tmp_path: Path) -> ProjectFactory:
         return root
 
     return make
+
+
+@pytest.fixture
+def use_policy() -> Iterator[Callable[..., Policy]]:
+    """``use_policy(p=None, **changes)`` puts ``p`` (default: the current policy) with
+    ``changes`` in force for the rest of the test; the previous policy is restored after."""
+    before = policy.current()
+
+    def use(chosen: Policy | None = None, **changes: object) -> Policy:
+        policy.install((chosen or policy.current()).replace(**changes))
+        return policy.current()
+
+    yield use
+    policy.install(before)

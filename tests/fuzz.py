@@ -1878,13 +1878,13 @@ def forced_path(path: str) -> Iterator[None]:
     written by the driver) or ``spark`` (every change computed and written by Spark: no small
     change, no driver views, writes, state, sorts, builds or lookups). Both lower ``RECOMPUTE_MIN_ROWS`` so that
     a large batch of these small tables is recomputed, as a large one of a big table is."""
-    import ivm.engine
+    import engine.facade
     import ops.arrange
     import ops.buffer
     import ops.local
     import ops.sink
 
-    patches: list[tuple[Any, str, Any]] = [(ivm.engine, "RECOMPUTE_MIN_ROWS", RECOMPUTE_MIN_ROWS)]
+    patches: list[tuple[Any, str, Any]] = [(engine.facade, "RECOMPUTE_MIN_ROWS", RECOMPUTE_MIN_ROWS)]
     if path == "spark":
         patches += [
             (ops.sink, "DRIVER_WRITE", False),
@@ -2020,14 +2020,14 @@ def _kind_of(t: pa.DataType) -> str:
 
 def differences(expected: pa.Table, actual: pa.Table) -> tuple[list, list, str]:
     """``(missing, extra, rules)``: the oracle's rows the view lacks and the view's rows the
-    oracle lacks, under :func:`ivm.oracle.table_differences`'s rules when it has them (exact;
+    oracle lacks, under :func:`engine.oracle.table_differences`'s rules when it has them (exact;
     DOUBLEs within its relative tolerance; DuckDB's decimals rounded to the engine's scale),
     else :func:`multiset_diff`'s."""
-    import ivm.oracle
+    import engine.oracle
 
-    compare = getattr(ivm.oracle, "table_differences", None)
+    compare = getattr(engine.oracle, "table_differences", None)
     if compare is None:
-        expected = ivm.oracle.align_types(expected, actual)
+        expected = engine.oracle.align_types(expected, actual)
         missing, extra = multiset_diff(_rows(expected), _rows(actual), _float_columns(actual.schema))
         return missing, extra, f"doubles within {FLOAT_REL_TOL} relative"
     d = compare(expected, actual)
@@ -2036,10 +2036,10 @@ def differences(expected: pa.Table, actual: pa.Table) -> tuple[list, list, str]:
 
 
 def check_view(engine: Any, view: View) -> list[Failure]:
-    """(b) Spark's from-scratch result (:func:`ivm.oracle.spark_compare_views` when there is
+    """(b) Spark's from-scratch result (:func:`engine.oracle.spark_compare_views` when there is
     one) and its columns (names and types: Spark's analysis of the SQL), (c) the view's diff
-    log summed against its table (:func:`ivm.oracle.log_differences` when there is one)."""
-    import ivm.oracle
+    log summed against its table (:func:`engine.oracle.log_differences` when there is one)."""
+    import engine.oracle
 
     failures = []
     name = view.name
@@ -2048,7 +2048,7 @@ def check_view(engine: Any, view: View) -> list[Failure]:
     try:
         df = engine.from_scratch(name, epoch)
         want = [(f.name.lower(), _kind_of(f.type)) for f in _arrow_schema(df)]
-        spark_compare = getattr(ivm.oracle, "spark_compare_views", None)
+        spark_compare = getattr(engine.oracle, "spark_compare_views", None)
         if spark_compare is not None:
             (c,) = spark_compare(engine, [name])
             missing, extra = list(c.missing.elements()), list(c.extra.elements())
@@ -2070,7 +2070,7 @@ def check_view(engine: Any, view: View) -> list[Failure]:
                 + (f" (compared: {rules})" if rules else ""),
             )
         )
-    log_differences = getattr(ivm.oracle, "log_differences", None)
+    log_differences = getattr(engine.oracle, "log_differences", None)
     if log_differences is not None:
         only_table, only_log, negative = log_differences(engine, name, epoch)
         if only_table or only_log or negative:
@@ -2084,8 +2084,8 @@ def check_view(engine: Any, view: View) -> list[Failure]:
                 )
             )
         return failures
-    log = ivm.oracle.log_multiset(engine, name, epoch)
-    table = ivm.oracle.table_multiset(actual)
+    log = engine.oracle.log_multiset(engine, name, epoch)
+    table = engine.oracle.table_multiset(actual)
     if log != table:
         failures.append(
             Failure(
@@ -2109,12 +2109,12 @@ def _arrow_schema(df: Any) -> pa.Schema:
 
 def duckdb_evaluate(engine: Any, epoch: int, names: Sequence[str]) -> dict[str, pa.Table | str]:
     """Each of ``names`` (with the views it reads) evaluated by DuckDB from scratch at
-    ``epoch``, as :func:`ivm.oracle.duckdb_evaluate` does (the view's SQL transpiled by sqlglot,
+    ``epoch``, as :func:`engine.oracle.duckdb_evaluate` does (the view's SQL transpiled by sqlglot,
     sources read with delta-rs at the epoch's versions); a view DuckDB cannot evaluate gives
     its error's text instead of a table."""
     import duckdb
 
-    from ivm.oracle import _dataset
+    from engine.oracle import _dataset
     from ivm.sql.parse import parse_view
     from resources.lake import open_table
 
@@ -2214,7 +2214,7 @@ def run_case(
     Returns the failures (from the first failing epoch when ``stop_at_first``), what computed
     the views (``computed_by`` and statuses, counted), the time taken and checks made.
     """
-    from ivm.engine import Engine
+    from engine.facade import Engine
 
     started = time.perf_counter()
     result = RunResult()

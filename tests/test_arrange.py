@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 
 import ops.arrange as arrange
 import ops.rows
-from ivm.engine import Engine
-from ivm.oracle import compare_views
+from engine.facade import Engine
+from engine.oracle import compare_views
 from ops import DIFF, TIME
 from resources.filecache import FileCache
 from resources.lake import (

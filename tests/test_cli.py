@@ -4,6 +4,7 @@ written) for each kind of bad input."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,14 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from ivm.cli import main
+from engine.cli import main
 from ivm.config import (
-    DEFAULT_CACHE_MB,
     DEFAULT_PARALLELISM,
     DEFAULT_RECOMPUTE_ABOVE,
     load_project,
 )
+from ivm.errors import ConfigError
+from ivm.policy import Policy
 
 ORDERS = pa.table(
     {
@@ -86,12 +88,34 @@ def test_refresh_parallelism_setting(tmp_path: Path) -> None:
     project = load_project(tmp_path)
     assert project.parallelism == DEFAULT_PARALLELISM
     assert project.recompute_above == DEFAULT_RECOMPUTE_ABOVE
-    assert project.cache_mb == DEFAULT_CACHE_MB
+    assert project.cache_mb is None  # the file cache's default budget
+    assert project.policy is None  # the process's policy stays in force
     (tmp_path / "ivm.toml").write_text(
         'lake = "lake"\n[refresh]\nparallelism = 1\nrecompute_above = 1\ncache_mb = 0\n'
+        "[policy]\ndriver_change_rows = 5\ndriver = false\n"
     )
     project = load_project(tmp_path)
     assert (project.parallelism, project.recompute_above, project.cache_mb) == (1, 1.0, 0)
+    assert project.policy == Policy(driver_change_rows=5, driver=False)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("driver_rows = 5", "unknown policy setting 'driver_rows'"),
+        ("driver_change_rows = -1", "driver_change_rows must be >= 0"),
+        ("driver_change_rows = 1.5", "driver_change_rows must be int"),
+        ('driver = "yes"', "driver must be bool"),
+        ("page_rows = 0", "policy.page_rows must be > 0"),
+    ],
+)
+def test_policy_settings_are_checked(tmp_path: Path, setting: str, message: str) -> None:
+    """A wrong ``[policy]`` setting is refused naming the file, the table and the key."""
+    (tmp_path / "views").mkdir()
+    (tmp_path / "ivm.toml").write_text(f'lake = "lake"\n[policy]\n{setting}\n')
+    with pytest.raises(ConfigError, match=re.escape(message)) as raised:
+        load_project(tmp_path)
+    assert "[policy]" in str(raised.value) and "ivm.toml" in str(raised.value)
 
 
 def test_missing_project(tmp_path: Path, capsys) -> None:
@@ -153,7 +177,7 @@ def test_refresh_then_show_explain_status_without_spark(spark, make_project, ord
     # show/explain/status in a fresh interpreter: they must not even import pyspark.
     script = (
         "import sys, contextlib, io\n"
-        "from ivm.cli import main\n"
+        "from engine.cli import main\n"
         "outs = []\n"
         "for argv in sys.argv[1:]:\n"
         "    buf = io.StringIO()\n"
@@ -208,7 +232,7 @@ def test_verify_with_either_oracle(spark, make_project, orders, capsys):
     assert run(capsys, "--project", p, "refresh")[0] == 0
     script = (
         "import sys\n"
-        "from ivm.cli import main\n"
+        "from engine.cli import main\n"
         "code = main(sys.argv[1:])\n"
         "assert 'pyspark' not in sys.modules, 'verify --oracle duckdb imported pyspark'\n"
         "sys.exit(code)\n"

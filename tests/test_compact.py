@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from ivm.cli import main
-from ivm.compact import compact, storage_report, targets
-from ivm.engine import Engine
+from engine.cli import main
+from engine.compact import compact, storage_report, targets
+from engine.facade import Engine
 from resources.lake import replace_files
 from tests.test_oracle import built_random_lake, check_all
 

@@ -17,8 +17,8 @@ from fractions import Fraction
 import pyarrow as pa
 import pytest
 
-import ivm.oracle
-from ivm.oracle import Comparison, multiset_differences, table_differences
+import engine.oracle
+from engine.oracle import Comparison, multiset_differences, table_differences
 from ops import TIME
 from ops.ingest import single_time
 from resources.lake import DataFile, FileStats
@@ -178,7 +178,7 @@ def test_duckdbs_double_against_the_engines_decimal_at_its_scale() -> None:
     assert missing == Counter({("a", 1.005): 1, ("b", 2.5): 1})
     assert extra == Counter({("a", Decimal("0.99")): 1, ("b", Decimal("2.51")): 1})
     # The double is never cast to the decimal first (which would round it to 1.00 or 1.01).
-    assert ivm.oracle.align_types(duck, spark).schema.field("avg").type == pa.float64()
+    assert engine.oracle.align_types(duck, spark).schema.field("avg").type == pa.float64()
 
 
 def test_decimals_are_exact_at_the_engines_scale() -> None:
@@ -215,7 +215,7 @@ def test_large_differences_are_counted_and_said_to_be_unmatched(
 ) -> None:
     """Past ``SETTLE_ROWS`` rows in the groups that differ, the rank pairing's verdicts
     stand: still every difference reported, and the comparison says it did not match again."""
-    monkeypatch.setattr(ivm.oracle, "SETTLE_ROWS", 10)
+    monkeypatch.setattr(engine.oracle, "SETTLE_ROWS", 10)
     xs = [float(i) for i in range(100)]
     ys = [x * (1 + 1e-12) for x in xs]
     ys[40] = 40.5
@@ -238,8 +238,8 @@ def test_a_large_table_is_compared_in_sql(monkeypatch: pytest.MonkeyPatch) -> No
     ys = [x * (1 + 3e-16) for x in xs]
     ys[123] = -1.0
     calls = []
-    real = ivm.oracle._match
-    monkeypatch.setattr(ivm.oracle, "_match", lambda *a: calls.append(len(a[2])) or real(*a))
+    real = engine.oracle._match
+    monkeypatch.setattr(engine.oracle, "_match", lambda *a: calls.append(len(a[2])) or real(*a))
     missing, extra = multiset_differences(_floats(xs, keys=keys), _floats(ys, keys=keys))
     assert missing == Counter({(123, 123 / 7): 1}) and extra == Counter({(123, -1.0): 1})
     assert calls == [1]

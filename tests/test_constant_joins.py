@@ -16,12 +16,13 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from sqlglot import exp
 
-from ivm.columns import check_columns
-from ivm.engine import Engine
+from engine.columns import check_columns
+from engine.facade import Engine
+from engine.oracle import compare_views, log_multiset, table_multiset
 from ivm.errors import InvariantViolation, SqlError
-from ivm.oracle import compare_views, log_multiset, table_multiset
 from ivm.plan.ir import Project
 from ivm.plan.planner import plan_views
+from ivm.policy import Policy
 from ivm.sql.parse import parse_view
 
 L2 = pa.schema([("lk", pa.int64()), ("ls", pa.string()), ("lv", pa.decimal128(5, 2))])
@@ -142,10 +143,8 @@ class ConstantLake:
 
 @pytest.mark.spark
 @pytest.mark.parametrize("driver", [True, False], ids=["small changes by the driver", "by Spark"])
-def test_constant_join_conditions_match_duckdb(spark, make_project, tmp_path, monkeypatch, driver):
-    import ops.local
-
-    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
+def test_constant_join_conditions_match_duckdb(spark, make_project, tmp_path, use_policy, driver):
+    use_policy(None if driver else Policy.spark_only())
     lake = ConstantLake(tmp_path / "data", seed=5 if driver else 6)
     root = make_project(VIEWS, lake.create())
     engine = Engine(root, spark=spark)

@@ -17,9 +17,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from ivm.config import load_project
-from ivm.engine import Engine
+from engine.facade import Engine
 from ivm.errors import ConfigError, ContractError
-from ivm.oracle import compare_views, log_multiset, table_multiset
+from engine.oracle import compare_views, log_multiset, table_multiset
 from resources.contracts import load_contract
 
 ORDERS = pa.schema(

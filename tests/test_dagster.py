@@ -21,9 +21,9 @@ from deltalake import DeltaTable, write_deltalake
 from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, VIEWS_OP, source_key, view_key
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
-from ivm.engine import Engine
+from engine.facade import Engine
 from ivm.errors import ConfigError
-from ivm.oracle import compare_views
+from engine.oracle import compare_views
 
 REPO = Path(__file__).resolve().parent.parent
 

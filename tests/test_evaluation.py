@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-import ops.local
-from ivm.cli import _refresh
-from ivm.engine import Engine
+from engine.cli import _refresh
+from engine.facade import Engine
 from ivm.errors import EvaluationError
+from ivm.policy import Policy
 
 pytestmark = pytest.mark.spark
 
@@ -81,12 +81,12 @@ FAILING = [
 @pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
 @pytest.mark.parametrize("select,x,d,column,kind,operation", FAILING)
 def test_a_row_spark_fails_on_fails_the_view_naming_it(
-    spark, make_project, source, monkeypatch, driver, select, x, d, column, kind, operation
+    spark, make_project, source, use_policy, driver, select, x, d, column, kind, operation
 ):
     """On the driver's path (a small change) and on Spark's alike: the view's refresh fails
     with an EvaluationError naming the view, the column and the expression, nothing of it is
     committed, and the other views refresh."""
-    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
+    use_policy(None if driver else Policy.spark_only())
     views = {
         "bad": f"CREATE VIEW bad AS SELECT k, {select} FROM t",
         "good": "CREATE VIEW good AS SELECT k, x FROM t",

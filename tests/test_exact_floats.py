@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from ivm.engine import Engine
+from engine.facade import Engine
 from ops import floatsum
 
 SCHEMA = pa.schema(

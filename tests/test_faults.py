@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ivm.engine import Engine
+from engine.facade import Engine
 from resources.faults import ENV
 from resources.lake import open_table
 from tests.lakegen import JoinLake
@@ -48,7 +48,7 @@ def test_killed_refreshes_rerun_exactly_once(spark, make_project, tmp_path):
     for point in POINTS:
         lake.random_batch()
         proc = subprocess.run(
-            [sys.executable, "-m", "ivm.cli", "--project", str(root), "-q", "refresh"],
+            [sys.executable, "-m", "engine.cli", "--project", str(root), "-q", "refresh"],
             env={**os.environ, ENV: point},
             capture_output=True,
             text=True,

@@ -1,6 +1,6 @@
 """The differential fuzzer: random sources, views and change batches (``tests/fuzz.py``); every
 view, after its build and after every epoch, equals Spark's and DuckDB's from-scratch
-evaluation of its SQL (exact; doubles within the relative tolerance :mod:`ivm.oracle` states),
+evaluation of its SQL (exact; doubles within the relative tolerance :mod:`engine.oracle` states),
 its diff log sums to its table, and its columns (names and types) are Spark's. Each case runs
 twice with the same seed: with the driver allowed (small changes computed in Arrow) and with
 Spark forced.

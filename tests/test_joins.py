@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ivm.engine import Engine
-from ivm.oracle import compare_views, log_multiset, table_multiset
+from engine.facade import Engine
+from engine.oracle import compare_views, log_multiset, table_multiset
 from tests.lakegen import JoinLake
 
 VIEWS = {

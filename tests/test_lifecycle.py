@@ -13,10 +13,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+import engine.refresh as engine_refresh
 import ops.sink
-from ivm.engine import REFRESH_SECONDS, Engine
+from engine.facade import Engine
+from engine.oracle import compare_views, log_multiset, table_multiset
+from engine.refresh import REFRESH_SECONDS
+from ivm import policy
 from ivm.errors import ChangeFeedError, SqlError
-from ivm.oracle import compare_views, log_multiset, table_multiset
 from resources.lake import commit_files, last_commit_metadata, open_table
 from resources.spark import JobGroup
 
@@ -66,18 +69,18 @@ def test_crash_between_log_and_table_commit_is_exactly_once(
     DeltaTable(src).delete("k = 2")
     write_deltalake(src, rows((4, "a", 40)), mode="append")
 
-    real = ops.sink.apply_to_table
+    real = engine_refresh.apply_to_table
 
     def crash(*args, **kwargs):
         raise RuntimeError("simulated crash after the log commit")
 
-    monkeypatch.setattr(ops.sink, "apply_to_table", crash)
+    monkeypatch.setattr(engine_refresh, "apply_to_table", crash)
     assert engine.mint_epoch() is not None
     with pytest.raises(RuntimeError, match="simulated crash"):
         engine.refresh_view("big")
     assert engine.table_epoch(engine.layout.view_log("big")) == 2
     assert engine.table_epoch(engine.layout.view_table("big")) == 1
-    monkeypatch.setattr(ops.sink, "apply_to_table", real)
+    monkeypatch.setattr(engine_refresh, "apply_to_table", real)
 
     report = Engine(engine.project, spark=spark).refresh()
     assert report.ok and report.minted is None  # the epoch was minted once, before the crash
@@ -230,7 +233,7 @@ def test_two_refreshes_started_together_commit_each_epoch_once(spark, make_proje
     engine = Engine(root, spark=spark)
     assert engine.refresh().ok
     lake.random_batch()
-    cmd = [sys.executable, "-m", "ivm.cli", "--project", str(root), "-q", "refresh"]
+    cmd = [sys.executable, "-m", "engine.cli", "--project", str(root), "-q", "refresh"]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -484,7 +487,7 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
     assert shared, "pairs and ordered share the arrangement of src by grp"
     running: set[str] = set()
     most = [0]
-    refresh_view = engine.refresh_view
+    refresh_view = engine.views.refresh_view
 
     def counted(name, **kwargs):  # how many views are being refreshed at the same moment
         running.add(name)
@@ -494,7 +497,7 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
         finally:
             running.discard(name)
 
-    engine.refresh_view = counted
+    engine.views.refresh_view = counted
     report = engine.refresh()
     assert report.ok, [v.error for v in report.views]
     assert most[0] >= 2, "independent views were refreshed one at a time"
@@ -533,28 +536,27 @@ def test_a_refresh_starts_the_views_on_its_longest_chains_first(spark, make_proj
     }
     engine = Engine(make_project(views, {"src": src}, "[refresh]\nparallelism = 1"), spark=spark)
     started: list[str] = []
-    refresh_view = engine.refresh_view
+    refresh_view = engine.views.refresh_view
 
     def recorded(name, **kwargs):
         started.append(name)
         return refresh_view(name, **kwargs)
 
-    engine.refresh_view = recorded
+    engine.views.refresh_view = recorded
     # A first build has no seconds recorded: it guesses them from the source rows each view
     # reads (a view over views only: 0s, its chain counts through the views it reads).
-    from ivm.engine import BUILD_ROWS_PER_SECOND
-
-    read = DeltaTable(src).to_pyarrow_table().num_rows / BUILD_ROWS_PER_SECOND
-    guesses = {n: engine._build_seconds_guess(n) for n in views}
+    per_second = policy.current().build_rows_per_second
+    read = DeltaTable(src).to_pyarrow_table().num_rows / per_second
+    guesses = {n: engine.scheduler.build_seconds_guess(n) for n in views}
     assert guesses == {"big": read, "big_a": 0.0, "a_small": read, "sums": read}, guesses
-    engine._build_seconds_guess = {"big": 1.0, "big_a": 0.0, "a_small": 4.0, "sums": 2.0}.get
+    engine.scheduler.build_seconds_guess = {"big": 1.0, "big_a": 0.0, "a_small": 4.0, "sums": 2.0}.get
     assert engine.refresh().ok
     assert started == ["a_small", "sums", "big", "big_a"]
     for name in views:
         info = last_commit_metadata(engine.layout.view_table(name), REFRESH_SECONDS)
         assert info is not None and float(info[REFRESH_SECONDS]) > 0, name
     seconds = {"big": 1.0, "big_a": 5.0, "a_small": 0.5, "sums": 3.0}
-    engine._last_refresh_seconds = seconds.__getitem__
+    engine.scheduler.last_refresh_seconds = seconds.__getitem__
     started.clear()
     write_deltalake(src, rows((7, "a", 70), (8, "b", 80)), mode="append")
     assert engine.refresh().ok
@@ -567,9 +569,7 @@ def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project,
     """A change to more than ``recompute_above`` of a view's input rows (and to at least
     RECOMPUTE_MIN_ROWS of them) recomputes the view from its inputs' state, with its reason;
     a smaller one is applied incrementally; both give the same rows."""
-    from ivm.engine import RECOMPUTE_MIN_ROWS
-
-    n = 3 * RECOMPUTE_MIN_ROWS
+    n = 3 * policy.current().recompute_min_rows
     path = str(tmp_path / "wide")
     wide = [(k, "ab"[k % 2], k % 97) for k in range(n)]
     write_deltalake(path, rows(*wide), configuration={"delta.enableChangeDataFeed": "true"})

@@ -9,8 +9,9 @@ import glob
 import pyarrow.parquet as pq
 import pytest
 
-from ivm.engine import Engine
-from ivm.oracle import compare_views, log_multiset, table_multiset
+from engine.facade import Engine
+from engine.oracle import compare_views, log_multiset, table_multiset
+from ivm.policy import Policy
 from resources.lake import local_path
 from tests.lakegen import RandomLake
 
@@ -89,11 +90,9 @@ def built_random_lake(
     ids=["small changes written by the driver", "every file written by Spark"],
 )
 def test_random_batches_match_duckdb(
-    spark, make_project, tmp_path, monkeypatch, seed, driver_writes
+    spark, make_project, tmp_path, use_policy, seed, driver_writes
 ):
-    import ops.sink
-
-    monkeypatch.setattr(ops.sink, "DRIVER_WRITE", driver_writes)
+    use_policy(None if driver_writes else Policy.spark_only())
     lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
     for round_ in range(4):
         summary = lake.random_batch()

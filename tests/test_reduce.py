@@ -15,7 +15,7 @@ import pytest
 
 import ops.arrange
 import ops.buffer
-from ivm.engine import Engine
+from engine.facade import Engine
 from tests.lakegen import JoinLake
 from tests.test_oracle import built_random_lake, check_all
 
@@ -246,7 +246,7 @@ def test_deleting_the_minimum_reexamines_few_entries(
     from deltalake import DeltaTable, write_deltalake
 
     import ops.buffer
-    from ivm.oracle import compare_views
+    from engine.oracle import compare_views
     from ops.arrange import PAGE_ROWS
 
     if not by_driver:  # Spark's jobs alone, its scans skipping pages (no file in memory)
@@ -321,7 +321,7 @@ def test_a_tower_the_driver_builds_is_the_one_spark_builds(
     from deltalake import DeltaTable, write_deltalake
 
     import ops.buffer
-    from ivm.oracle import compare_views
+    from engine.oracle import compare_views
     from ivm.plan.reduce import state_tables
 
     path = str(tmp_path / "events")
@@ -394,7 +394,7 @@ def test_buffered_topk_refills_only_a_depleted_group(
     from deltalake import DeltaTable, write_deltalake
 
     import ops.buffer
-    from ivm.oracle import compare_views
+    from engine.oracle import compare_views
     from ops import DIFF
 
     if not by_driver:
@@ -487,7 +487,7 @@ def test_state_laid_out_by_another_planner_is_rebuilt(spark, make_project, tmp_p
     from deltalake import write_deltalake
 
     import ivm.plan.reduce
-    from ivm.oracle import compare_views
+    from engine.oracle import compare_views
 
     path = str(tmp_path / "t")
     write_deltalake(

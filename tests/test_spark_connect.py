@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ivm.engine import Engine
+from engine.facade import Engine
 from ops.reduce import plan_nodes
 from resources.spark import (
     CONNECT_PLUGIN,
@@ -178,7 +178,7 @@ def test_warm_up_verifies_every_view_and_writes_nothing(spark, make_project, tmp
     view not built yet is skipped; not one table of the lake gets a new version."""
     from deltalake import DeltaTable
 
-    from ivm.cli import warm_up
+    from engine.cli import warm_up
 
     lake = JoinLake(tmp_path / "data", 3)
     root = make_project(VIEWS, lake.create())

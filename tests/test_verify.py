@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from ivm.cli import main
-from ivm.engine import Engine
+from engine.cli import main
+from engine.facade import Engine
 from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
@@ -84,7 +84,7 @@ def test_both_oracles_compare_floats_within_the_stated_tolerance(spark, make_pro
     and against Spark's from-scratch result, through random batches; each comparison states
     its tolerance per column. Then the table is moved within the tolerance (still equal,
     though no longer its log's rows) and beyond it (a difference, found by each oracle)."""
-    from ivm.oracle import compare_views, spark_compare_views
+    from engine.oracle import compare_views, spark_compare_views
 
     lake, engine = built_random_lake(spark, make_project, tmp_path, FLOAT_VIEWS, 5)
     for _ in range(2):

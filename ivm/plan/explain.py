@@ -35,6 +35,7 @@ from ivm.plan.reduce import (
     presum_grain,
     state_tables,
 )
+from ivm.policy import Policy
 from ivm.sql.parse import DIALECT
 
 _INTERNAL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)\b")
@@ -235,7 +236,9 @@ def _node_lines(node: Node, depth: int) -> list[str]:
     return lines
 
 
-def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
+def explain(
+    view: ViewPlan, project: ProjectPlan | None = None, policy: Policy | None = None
+) -> str:
     """The EXPLAIN text of one view.
 
     >>> from ivm.sql.parse import parse_view
@@ -271,6 +274,8 @@ def explain(view: ViewPlan, project: ProjectPlan | None = None) -> str:
         f"  maintenance: {maintenance}",
         f"  inputs: {inputs}",
     ]
+    if policy is not None:
+        lines.append(f"  refreshes run on: {policy.describe(view.root)}")
     for key in arrangements:
         plan = project.arrangements.get(key) if project else None
         detail = (

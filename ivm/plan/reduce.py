@@ -80,7 +80,7 @@ class StateTable:
     """A state table of a stateful node: ``state/<view>/<name>``, sorted by ``key``.
 
     ``format`` changes when the same table comes to hold its columns another way: a view's
-    commits record it (see ``ivm.engine``), and state of an older format is rebuilt rather
+    commits record it (see ``engine.facade``), and state of an older format is rebuilt rather
     than continued. 2: sums of decimals keep every decimal place (format 1 rounded the
     contributions of ``decimal(p, s)`` with ``s`` > 6 to 6 places). 3: sums of floating
     point (and every VARIANCE/STDDEV) are kept exactly in a ``float_sums`` table beside it

@@ -16,19 +16,25 @@ import argparse
 import csv
 import datetime as dt
 import decimal
+import io
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
+from engine.inspect import Inspector
+from engine.oracle import compare_views
 from ivm.config import CONFIG_ENV
 from ivm.errors import IvmError
-from resources.spark import DEFAULT_CONNECT_PORT
+from resources.spark import DEFAULT_CONNECT_PORT, get_spark, remote_address, remote_url, serve
 
 
 def _json_default(v: Any) -> Any:
@@ -60,8 +66,6 @@ def format_rows(table: pa.Table, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(rows, default=_json_default, indent=1) + "\n"
     if fmt == "csv":
-        import io
-
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(cols)
@@ -110,6 +114,13 @@ def _parser() -> argparse.ArgumentParser:
         help="recompute the views (default: all) from their inputs' current state at a new "
         "epoch; downstream views still receive only the changes",
     )
+    _reading_commands(sub)
+    _writing_commands(sub)
+    return p
+
+
+def _reading_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands that change no view: show, explain, status, arrangements, verify."""
     s = sub.add_parser("show", help="print a view's current rows")
     s.add_argument("view")
     s.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -143,6 +154,10 @@ def _parser() -> argparse.ArgumentParser:
         "diff log, so downstream views receive them), then verify again (--oracle spark)",
     )
     v.add_argument("--json", action="store_true")
+
+
+def _writing_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands that write the lake or serve: vacuum, compact, spark-server."""
     vac = sub.add_parser(
         "vacuum",
         help="delete files no recent table version references (uncommitted or replaced files)",
@@ -168,7 +183,7 @@ def _parser() -> argparse.ArgumentParser:
         "--warm-up",
         action="store_true",
         help="once serving, verify every view on the server (reads only): the first run after "
-        "a start then finds compiled code (SF1: its refresh 26s instead of 37-42s)",
+        "a start then finds compiled code",
     )
     sv.add_argument(
         "--host",
@@ -182,16 +197,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"port to serve (default: the project's spark.remote, else {DEFAULT_CONNECT_PORT})",
     )
-    return p
 
 
 def _spark_server(engine: Any, args: argparse.Namespace) -> int:
     """Serve until interrupted (Ctrl-C or SIGTERM), then stop Spark."""
-    import signal
-    import threading
-
-    from resources.spark import remote_address, remote_url, serve
-
     conf = engine.project.spark_conf
     url = remote_url(conf)
     port = args.port or (remote_address(url)[1] if url else DEFAULT_CONNECT_PORT)
@@ -220,10 +229,10 @@ def _spark_server(engine: Any, args: argparse.Namespace) -> int:
 def warm_up(project: Any, spark: Any) -> list[Any]:
     """Verify every view on ``spark`` (reads only: nothing is written), so that a server's
     JVM compiles the code of scans, joins and aggregates before its first client needs it;
-    returns the :class:`~ivm.engine.VerifyResult` of each view that could be verified. Runs
+    returns the :class:`~engine.facade.VerifyResult` of each view that could be verified. Runs
     beside the clients (they are served meanwhile); a view that cannot be verified (not built
     yet, broken) is skipped, named."""
-    from ivm.engine import Engine
+    from engine.facade import Engine  # here: the commands without Spark never import PySpark
 
     def say(message: str) -> None:
         print(f"warm-up: {message}", file=sys.stderr, flush=True)
@@ -245,7 +254,7 @@ def warm_up(project: Any, spark: Any) -> list[Any]:
 
 
 def _compact(engine: Any, args: argparse.Namespace) -> int:
-    from ivm.compact import compact, storage_report
+    from engine.compact import compact, storage_report  # here: it imports PySpark
 
     report = compact(engine, retention_hours=args.hours)
     storage = storage_report(engine)
@@ -306,11 +315,7 @@ def _verify(engine: Any, args: argparse.Namespace) -> int:
 
 def _verify_duckdb(engine: Any, names: list[str], args: argparse.Namespace) -> int:
     """``verify --oracle duckdb``: each view's table against DuckDB's evaluation of its SQL
-    (:func:`ivm.oracle.compare_views`), and its diff log summed against its table; no Spark."""
-    import duckdb
-
-    from ivm.oracle import compare_views
-
+    (:func:`engine.oracle.compare_views`), and its diff log summed against its table; no Spark."""
     for name in names:
         engine.view(name)  # an unknown view is named before any work
     try:
@@ -360,6 +365,8 @@ def _refresh(engine: Any, args: argparse.Namespace) -> int:
                 f"{'-' if v.spark_jobs is None else v.spark_jobs:>10}  {v.status}{': ' + (v.error or v.reason) if v.error or v.reason else ''}"
             )
         for v in report.views:
+            if v.placement:  # where the policy placed its computation, and why
+                print(f"{v.view}: computed by {v.computed_by}; placed on {v.placement}")
             for why in v.driver_declined:  # a small change the driver handed to Spark
                 print(f"{v.view}: driver declined: {why}")
         for q in report.quarantined:
@@ -417,15 +424,18 @@ def _arrangements(engine: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+WITHOUT_SPARK = frozenset({"show", "explain", "status", "arrangements", "vacuum"})
+"""Commands that need no Spark (:class:`~engine.inspect.Inspector`): they start faster and
+run where no Java is installed."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ivm`` command; returns the exit code."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
     )
-    from ivm.engine import Engine
-
-    engine: Engine | None = None
+    engine: Inspector | None = None
     try:
         show_progress = args.command in ("refresh", "compact") and not args.quiet or args.verbose
         progress = (lambda m: print(m, file=sys.stderr, flush=True)) if show_progress else None
@@ -434,7 +444,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "verify --repair rebuilds views on Spark and checks them with it: use it with "
                 "--oracle spark (the default), not --oracle duckdb"
             )
-        engine = Engine(args.project, progress=progress)
+        duckdb_verify = args.command == "verify" and args.oracle == "duckdb"
+        if args.command in WITHOUT_SPARK or duckdb_verify:
+            engine = Inspector(args.project, progress=progress)
+        else:
+            # Imported here, not at the top: the commands without Spark never import PySpark.
+            from engine.facade import Engine
+
+            engine = Engine(args.project, progress=progress)
         if args.command == "refresh":
             return _refresh(engine, args)
         if args.command == "show":
@@ -480,8 +497,6 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if _spark_started():
-        from resources.spark import get_spark
-
         get_spark().stop()
     os._exit(code)
 
@@ -489,10 +504,10 @@ def entry() -> None:
 def _spark_started() -> bool:
     if "pyspark" not in sys.modules:
         return False
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # here: only once PySpark was imported anyway
 
     return SparkSession.getActiveSession() is not None
 
 
-if __name__ == "__main__":  # `python -m ivm.cli` exits the same way as the `ivm` command
+if __name__ == "__main__":  # `python -m engine.cli` exits the same way as the `ivm` command
     entry()

@@ -19,10 +19,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pyspark.errors import AnalysisException, ParseException
+from pyspark.sql import types as T
 from sqlglot.dialects.dialect import Dialect
+from sqlglot.tokens import TokenType
 
 from ivm.errors import InvariantViolation, SqlError
 from ivm.sql.parse import DIALECT, parse_view
+from ops import DIFF, TIME
 
 
 def query_text(sql: str, file: str) -> str:
@@ -34,8 +38,6 @@ def query_text(sql: str, file: str) -> str:
     Raises:
         SqlError: the file has no ``CREATE VIEW ... AS``.
     """
-    from sqlglot.tokens import TokenType
-
     depth, seen_view = 0, False
     for token in Dialect.get_or_raise(DIALECT).tokenize(sql):
         if token.token_type == TokenType.L_PAREN:
@@ -58,8 +60,6 @@ def spark_query(spark: Any, sql: str, file: str, wrap: Callable[[str], str] = st
     Raises:
         AnalysisException: Spark's analysis rejects it.
     """
-    from pyspark.errors import ParseException
-
     try:
         df = spark.sql(wrap(query_text(sql, file)))
         df.schema  # noqa: B018 - analysed now (a Spark Connect DataFrame is lazy)
@@ -85,10 +85,6 @@ def analysed_schema(spark: Any, sql: str, file: str, frames: Mapping[str, Any]) 
     Raises:
         SqlError: Spark's analysis rejects the query (the message is Spark's first line).
     """
-    from pyspark.errors import AnalysisException
-
-    from ops import DIFF, TIME
-
     tag = f"_ivm_columns_{uuid.uuid4().hex[:12]}"
     names = {coll: f"{tag}_{coll}" for coll in sorted(frames)}
     ctes = ", ".join(f"`{coll}` AS (SELECT * FROM `{view}`)" for coll, view in names.items())
@@ -114,8 +110,6 @@ def analysed_schema(spark: Any, sql: str, file: str, frames: Mapping[str, Any]) 
 def _bare(t: Any) -> Any:
     """A Spark type with the nullability inside it (array elements, map values, struct
     fields) set to true: what a Delta table keeps of it."""
-    from pyspark.sql import types as T
-
     if isinstance(t, T.ArrayType):
         return T.ArrayType(_bare(t.elementType), True)
     if isinstance(t, T.MapType):

@@ -27,8 +27,14 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import CommitProperties, Transaction
 
 from ivm.plan.reduce import state_tables
+from ops import DIFF, TIME
+from ops.arrange import PARQUET_OPTIONS, sorted_by
+from ops.consolidate import accumulate_until, consolidate_until
+from ops.ingest import read_files
+from ops.sink import stage_updates
 from resources.filecache import FILES
 from resources.lake import (
     local_path,
@@ -145,7 +151,7 @@ def compact(engine: Any, *, retention_hours: float = 168.0) -> CompactReport:
     """Compact every table of the project (module doc), then vacuum.
 
     Args:
-        engine: an :class:`ivm.engine.Engine`.
+        engine: an :class:`engine.facade.Engine`.
         retention_hours: vacuum keeps the files versions younger than this reference (readers
             of older versions need them); the bytes the compaction frees leave the disk then.
     """
@@ -185,12 +191,6 @@ def compact(engine: Any, *, retention_hours: float = 168.0) -> CompactReport:
 
 def _advance(engine: Any, target: _Target, result: TableCompaction) -> None:
     """Consolidate a table's updates up to ``target.since`` and rewrite it in one commit."""
-    from ops import DIFF, TIME
-    from ops.arrange import PARQUET_OPTIONS, sorted_by
-    from ops.consolidate import accumulate_until, consolidate_until
-    from ops.ingest import read_files
-    from ops.sink import stage_updates
-
     before = result.since_before or 0
     since = max(before, target.since or 0)
     if since == before and result.files_before <= 1:
@@ -232,8 +232,6 @@ def _advance(engine: Any, target: _Target, result: TableCompaction) -> None:
 
 def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
     """Rewrite a readable table's small files into fewer (delta-rs OPTIMIZE), same rows."""
-    from deltalake import CommitProperties, Transaction
-
     if result.files_before <= 1:
         result.skipped = "nothing to do"
         return

@@ -323,7 +323,7 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
     """Evaluate every view of ``engine``'s project with DuckDB at ``epoch`` (default: latest).
 
     Args:
-        engine: an :class:`ivm.engine.Engine`.
+        engine: an :class:`engine.facade.Engine`.
         epoch: whose source versions to read.
     """
     epochs = {e.epoch: e for e in engine.epochs()}
@@ -820,7 +820,7 @@ def compare_views(
 
 def spark_compare_views(engine: Any, views: Iterable[str] | None = None) -> list[Comparison]:
     """Compare each view's readable table with Spark's from-scratch evaluation of its SQL at
-    the view's epoch (:meth:`ivm.engine.Engine.from_scratch`: sources at that epoch's
+    the view's epoch (:meth:`engine.facade.Engine.from_scratch`: sources at that epoch's
     versions, upstream views' contents), under the same rules as :func:`compare_views`: the
     result is collected to the driver (as Arrow) and compared there."""
     names = list(views) if views is not None else list(engine.plan.order)

@@ -1,0 +1,122 @@
+"""The execution policy: where a refresh runs is decided before it runs, from the change's size
+and the plan, recorded with its reason on the result, the CLI's output and EXPLAIN; a policy
+set for an engine (or a project's ``[policy]``) steers every step, and both placements give the
+same rows (DuckDB oracle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from engine.facade import Engine
+from engine.oracle import compare_views
+from ivm import policy
+from ivm.plan.planner import plan_views
+from ivm.policy import Policy, driver_support
+from ivm.sql.parse import parse_view
+
+T = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("v", pa.int64())])
+VIEWS = {
+    "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, count(*) AS n FROM src GROUP BY grp",
+    "outer": (
+        "CREATE VIEW outer AS SELECT a.k, b.v FROM src a LEFT JOIN src b "
+        "ON a.k = b.v"
+    ),
+}
+
+
+def _plan(sql: str):
+    return plan_views([parse_view(sql, "v.sql")], {"src": ("k", "grp", "v")}).views["v"]
+
+
+def test_placement_is_decided_from_the_change_and_the_plan() -> None:
+    """No Spark: the rules themselves, each with the reason it gives."""
+    grouped = _plan("CREATE VIEW v AS SELECT grp, sum(v) AS s FROM src GROUP BY grp").root
+    outer = _plan("CREATE VIEW v AS SELECT a.k FROM src a LEFT JOIN src b ON a.k = b.v").root
+    chosen = Policy(driver_change_rows=100)
+    assert chosen.place(grouped, 100).where == "driver"
+    assert "100 input updates <= driver_change_rows = 100" in chosen.place(grouped, 100).reason
+    big = chosen.place(grouped, 101)
+    assert (big.where, big.small) == ("spark", False)
+    assert "101 input updates > driver_change_rows = 100" in big.reason
+    assert driver_support(outer) == "an outer join is computed by Spark"
+    unsupported = chosen.place(outer, 5)
+    assert (unsupported.where, unsupported.small) == ("spark", True)  # small: driver writes
+    assert "outer join" in unsupported.reason
+    assert chosen.place(grouped, 5, build=True).where == "spark"
+    assert Policy.spark_only().place(grouped, 0).where == "spark"
+    assert "policy.driver = false" in Policy.spark_only().place(grouped, 0).reason
+    assert "at most 100 updates" in chosen.describe(grouped)
+    assert chosen.describe(outer) == "Spark (an outer join is computed by Spark)"
+
+
+def test_using_restores_the_previous_policy() -> None:
+    before = policy.current()
+    with policy.using(driver_state_rows=7) as inner:
+        assert policy.current() is inner and inner.driver_state_rows == 7
+        with policy.using(Policy.spark_only()):
+            assert not policy.current().driver
+        assert policy.current() is inner
+    assert policy.current() is before
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> str:
+    path = str(tmp_path / "src")
+    data = pa.Table.from_pylist(
+        [{"k": k, "grp": "ab"[k % 2], "v": k * 10} for k in range(1, 41)], schema=T
+    )
+    write_deltalake(path, data, configuration={"delta.enableChangeDataFeed": "true"})
+    return path
+
+
+def _change(path: str, k: int) -> None:
+    row = pa.Table.from_pylist([{"k": k, "grp": "b", "v": k}], schema=T)
+    write_deltalake(path, row, mode="append")
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("driver", [True, False], ids=["defaults", "spark_only"])
+def test_the_engines_policy_places_every_refresh(spark, make_project, src, driver) -> None:
+    """An engine given a policy runs under it: the defaults put a small change of an
+    aggregate on the driver, ``spark_only`` on Spark, an outer join always on Spark; each
+    result says where and why, EXPLAIN says the rule, and every view equals DuckDB's."""
+    chosen = Policy() if driver else Policy.spark_only()
+    before = policy.current()
+    try:
+        engine = Engine(make_project(VIEWS, {"src": src}), spark=spark, policy=chosen)
+        assert policy.current() is chosen
+        assert engine.refresh().ok
+        _change(src, 41)
+        report = engine.refresh()
+        assert report.ok
+        results = {v.view: v for v in report.views}
+        sums, outer = results["sums"], results["outer"]
+        if driver:
+            assert sums.computed_by == "driver", sums.driver_declined
+            assert sums.placement.startswith("driver (1 input updates <= driver_change_rows")
+            assert "the driver (Arrow) when its inputs change" in engine.explain("sums")
+        else:
+            assert sums.computed_by == "spark"
+            assert sums.placement == "spark (the policy keeps the driver off (policy.driver = false))"
+            assert "refreshes run on: Spark (policy.driver = false)" in engine.explain("sums")
+        assert outer.computed_by == "spark" and "outer join" in outer.placement
+        assert sums.metadata()["placement"] == sums.placement
+        for c in compare_views(engine):
+            assert c.equal, c.describe()
+    finally:
+        policy.install(before)
+
+
+@pytest.mark.spark
+def test_a_projects_policy_table_is_put_in_force(spark, make_project, src) -> None:
+    before = policy.current()
+    try:
+        root = make_project(VIEWS, {"src": src}, "[policy]\ndriver = false")
+        Engine(root, spark=spark)
+        assert policy.current() == Policy(driver=False)
+    finally:
+        policy.install(before)
