@@ -19,6 +19,7 @@ from graphlib import TopologicalSorter
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
 from dagster import AssetExecutionContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
@@ -29,6 +30,7 @@ from ivm.config import Project
 from ivm.errors import IvmError
 from resources.faults import crash_point
 from resources.lake import SourceTable
+from resources.spark import check_spark
 
 SOURCES_GROUP = "sources"
 VIEWS_GROUP = "views"
@@ -114,8 +116,6 @@ def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinitio
 
 def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, Any]:
     """The metadata a view's materialization reports (also used by tests)."""
-    import pyarrow as pa
-
     status = engine.view_status(name)
     table_uri = engine.layout.view_table(name)
     schema = engine.table_schema(table_uri)
@@ -245,8 +245,6 @@ def _views_asset(project: Project, engine: Engine) -> dg.AssetsDefinition:
     def views(
         context: AssetExecutionContext, pyspark: LazyPySparkResource, config: ViewRefreshConfig
     ) -> Iterator[dg.MaterializeResult]:
-        from resources.spark import check_spark
-
         check_spark(pyspark.spark_config)
         run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         selected = context.selected_asset_keys
@@ -317,8 +315,6 @@ def _verify_check(project: Project, name: str) -> dg.AssetChecksDefinition:
     def check(
         context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
     ) -> dg.AssetCheckResult:
-        from resources.spark import check_spark
-
         check_spark(pyspark.spark_config)
         engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         result = engine.verify(name)

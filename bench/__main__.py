@@ -27,6 +27,10 @@ Every scale gets the same absolute change: ``--change`` of SF1's orders per kind
 ``--sweep`` varies the change size at one scale factor to find where incremental stops
 winning. Results: ``BENCHMARKS.md`` (medians, ratios) and ``bench/refresh_vs_scale.png``.
 Timings are wall-clock on a shared machine: compare ratios measured in the same run.
+
+The report replaces what lies above :data:`HAND_KEPT` in ``BENCHMARKS.md``; the marker line and
+everything after it (measurements kept by hand) are written back as they are. An existing
+report without the marker stops the bench before it runs (:func:`hand_kept`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ REFERENCE_SCALE = 1.0
 """The scale whose ``--change`` share sets the absolute change every scale applies."""
 WARM_UP_SCALE = 0.01
 """The scale factor of the unmeasured run that warms the session up first (:func:`warm_up`)."""
+HAND_KEPT = "<!-- hand-kept measurements below: ./dev bench keeps them -->"
+"""The line of ``BENCHMARKS.md`` below which the bench never writes: the generated report goes
+above it, the line and what follows it are kept."""
 
 
 def say(msg: str = "") -> None:
@@ -187,8 +194,8 @@ def _run_in_fresh_process(
 
 def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
     """A fresh engine on the project ``config``: it sees what another process committed."""
-    from engine.facade import Engine
     from ivm.config import load_project
+    from engine.facade import Engine
 
     return Engine(load_project(config))
 
@@ -408,8 +415,8 @@ def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> lis
     view recomputed from its inputs' state, one left to the engine's rule
     (``recompute_above``, its default); then Spark and DuckDB from scratch."""
     from demo.tpch import apply_change_batch
-    from engine.facade import Engine
     from ivm.config import DEFAULT_RECOMPUTE_ABOVE
+    from engine.facade import Engine
 
     work, sources, config = setup(scale)
     engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)
@@ -624,7 +631,28 @@ def write_markdown(
             )
     lines += ["", "![refresh time against scale factor](bench/refresh_vs_scale.png)", ""]
     lines += targets(results, swept)
-    path.write_text("\n".join(lines) + "\n")
+    kept = hand_kept(path)  # read now: sections appended while the bench ran are kept too
+    path.write_text("\n".join(lines) + "\n" + kept)
+
+
+def hand_kept(path: Path) -> str:
+    """What the bench writes back below its report: the :data:`HAND_KEPT` line and everything
+    after it in ``path`` as it is (the line alone when ``path`` does not exist).
+
+    Raises:
+        SystemExit: ``path`` exists without the marker line, so writing the report would lose
+            whatever it holds besides the bench's own tables.
+    """
+    if not path.exists():
+        return HAND_KEPT + "\n"
+    lines = path.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.rstrip("\r\n") == HAND_KEPT:
+            return "".join(lines[i:])
+    raise SystemExit(
+        f"{path} has no line {HAND_KEPT!r}: put it above the sections kept by hand "
+        "(or remove the file), then run the bench again"
+    )
 
 
 def _scan_table(results: list[ScaleResult]) -> list[str]:
@@ -782,8 +810,6 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
         from ivm.config import DEFAULT_RECOMPUTE_ABOVE
         from ivm.policy import current
 
-        RECOMPUTE_MIN_ROWS = current().recompute_min_rows  # noqa: N806
-
         wins = [p for p in swept if p.incremental < p.spark_full]
         ahead = [p for p in swept if p.incremental <= p.recompute]
         behind = [p for p in swept if p.incremental > p.recompute]
@@ -807,8 +833,8 @@ def targets(results: list[ScaleResult], swept: list[Point]) -> list[str]:
             "",
             f"Rule from the sweep: {vs_full}; {crossover}. The engine recomputes a view when "
             f"its input updates exceed `[refresh] recompute_above` = {DEFAULT_RECOMPUTE_ABOVE:g} "
-            f"of its input rows (and number at least {RECOMPUTE_MIN_ROWS:,}); the *rule* column "
-            "is that choice.",
+            f"of its input rows (and number at least {current().recompute_min_rows:,}); the *rule* "
+            "column is that choice.",
         ]
     return out + [""]
 
@@ -844,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args(argv)
+    hand_kept(Path(args.out))  # no marker: stop now, not after the runs
 
     from resources.spark import free_port, serve
 

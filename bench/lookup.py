@@ -3,7 +3,8 @@
 ``python -m bench.lookup [ARRANGEMENT] [--keys 5,20,50,400] [--runs 2]`` looks up random
 keys of an arrangement (default: SF1's ``lineitem`` by ``l_orderkey`` from ``./dev bench``)
 both ways, alternating, in one warm Spark session, and prints the seconds of each (lookup
-plus a count of its rows). ``ops.arrange.PUSH_RATIO`` comes from these figures.
+plus a count of its rows). The policy's ``push_ratio`` (:class:`ivm.policy.Policy`) comes from
+these figures.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import random
 import sys
 import time
 from pathlib import Path
+
+import ivm.policy
 
 DEFAULT = Path(__file__).resolve().parent / "work/sf1/project/lake/arrangements"
 
@@ -45,28 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.arrangement}: {rows:,} updates, {len(values):,} keys", flush=True)
     if not {TIME, DIFF} <= set(schema.names):
         raise SystemExit(f"{args.arrangement} is not an arrangement (no {TIME}/{DIFF} columns)")
-    ratio = arrange.PUSH_RATIO
     rng = random.Random(7)
-    try:
-        for n in (int(k) for k in args.keys.split(",")):
-            for run in range(args.runs):
-                for mode in (
-                    ("pushed down", "read once") if run % 2 == 0 else ("read once", "pushed down")
-                ):
-                    wanted = spark.createDataFrame(
-                        [(k,) for k in rng.sample(values, n)], f"`{key}` {key_type.simpleString()}"
-                    )
-                    arrange.PUSH_RATIO = 10**12 if mode == "read once" else 0
+    for n in (int(k) for k in args.keys.split(",")):
+        for run in range(args.runs):
+            for mode in (
+                ("pushed down", "read once") if run % 2 == 0 else ("read once", "pushed down")
+            ):
+                wanted = spark.createDataFrame(
+                    [(k,) for k in rng.sample(values, n)], f"`{key}` {key_type.simpleString()}"
+                )
+                with ivm.policy.using(push_ratio=10**12 if mode == "read once" else 0):
                     started = time.perf_counter()
                     found, _ = arrange.lookup(spark, args.arrangement, schema, [key], wanted, 2**62)
                     count = found.count()
-                    print(
-                        f"  {n:>6,} keys, {mode:>11}: {time.perf_counter() - started:6.2f}s "
-                        f"({count:,} rows)",
-                        flush=True,
-                    )
-    finally:
-        arrange.PUSH_RATIO = ratio
+                    seconds = time.perf_counter() - started
+                print(f"  {n:>6,} keys, {mode:>11}: {seconds:6.2f}s ({count:,} rows)", flush=True)
     return 0
 
 

@@ -5,11 +5,11 @@ For each size, one process generates the source (a Delta table with CDF; in batc
 fresh process builds three views over it: a filter, a GROUP BY (accumulable state) and a join
 with a small dimension (an arrangement of the whole source). That process's peak resident
 memory (``ru_maxrss``) is the Python driver's: the engine never collects a large snapshot;
-a first build's readable table of up to ``ops.sink.DRIVER_REWRITE_ROWS`` rows (4M) is read
-from its diff log and written by the driver, and so is an arrangement of a source of up to
-``ops.arrange.DRIVER_SORT_ROWS`` rows (4M; more, file by file, when the files are laid out
-by the key), larger ones by Spark's executors, all committed by delta-rs from file
-statistics: the peak is bounded whatever the source's size. The
+a first build's readable table of up to the policy's ``driver_rewrite_rows`` rows
+(:class:`ivm.policy.Policy`) is read from its diff log and written by the driver, and so is an
+arrangement of a source of up to ``driver_sort_rows`` rows (up to ``driver_build_rows``, file
+by file, when the files are laid out by the key), larger ones by Spark's executors, all
+committed by delta-rs from file statistics: the peak is bounded whatever the source's size. The
 JVM (Spark's driver and, in local mode, its executors) is a child process with its own heap
 (``spark.driver.memory``), reported apart: its peak depends on Spark's buffers, not on ours.
 """

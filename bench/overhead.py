@@ -10,10 +10,10 @@ fine for a benchmark). The rest of a view's time is the driver's: planning each 
 Py4J round trips, the Delta log (delta-rs) and commits. With a tiny change this is a refresh's
 fixed cost, whatever the data's size.
 
-``--writes spark`` has Spark write every file (no small writes by the driver, see
-:func:`ops.sink.stage_updates`); ``--writes alternate`` alternates rounds between the two and
-prints each's median seconds per refresh, side by side in one session (after a first round
-that warms the session up).
+``--writes spark`` has Spark write every file (the policy's ``driver`` off,
+:class:`ivm.policy.Policy`: the driver neither computes nor writes small changes);
+``--writes alternate`` alternates rounds between the two and prints each's median seconds per
+refresh, side by side in one session (after a first round that warms the session up).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import argparse
 import os
 import sys
 import time
+
+import ivm.policy
 
 
 def busy_seconds(spark, group: str) -> float:
@@ -55,7 +57,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import statistics
 
-    import ops.sink
     from bench.__main__ import project, setup
     from demo.tpch import apply_change_batch
     from engine.facade import Engine
@@ -71,19 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     alternate = args.writes == "alternate"
     for run in range(args.rounds + alternate):  # alternating: a first round to warm up
         writes = args.writes if not alternate else ("spark", "driver")[run % 2]
-        ops.sink.DRIVER_WRITE = writes == "driver"
-        apply_change_batch(sources, args.change, seed=1 + run)
-        engine.mint_epoch()
-        for key in engine.plan.arrangements:  # their writes are not any view's
-            engine.refresh_arrangement(key)
-        rows.clear()
-        for name in engine.plan.order:
-            started = time.perf_counter()
-            result = engine.refresh_view(name)
-            seconds = time.perf_counter() - started
-            group = result.spark_job_group
-            busy = busy_seconds(spark, group) if group else 0.0
-            rows.append((name, seconds, result.spark_jobs, busy))
+        with ivm.policy.using(driver=writes == "driver"):
+            apply_change_batch(sources, args.change, seed=1 + run)
+            engine.mint_epoch()
+            for key in engine.plan.arrangements:  # their writes are not any view's
+                engine.refresh_arrangement(key)
+            rows.clear()
+            for name in engine.plan.order:
+                started = time.perf_counter()
+                result = engine.refresh_view(name)
+                seconds = time.perf_counter() - started
+                group = result.spark_job_group
+                busy = busy_seconds(spark, group) if group else 0.0
+                rows.append((name, seconds, result.spark_jobs, busy))
         total = sum(r[1] for r in rows)
         if run or not alternate:
             totals[writes].append(total)

@@ -6,7 +6,8 @@ round applies a change of 500 random deletions and 500 insertions, the ways taki
 *spark* (no size bound: a cached copy, a summing job, a join job and Spark's rewrite),
 *sized* (a size bound: the change is sized and its files found on the driver, from one Arrow
 copy, and Spark rewrites them) and *driver* (the driver also rewrites the files, with no
-Spark job, :data:`ops.sink.DRIVER_REWRITE_ROWS`). Prints each round and the sorted times of
+Spark job, the policy's ``driver_rewrite_rows``, :class:`ivm.policy.Policy`; off for the
+other two ways). Prints each round and the sorted times of
 each way, the first round of each dropped (warm-up). Every way rewrites the files holding a
 deleted row (the driver keeps a candidate that holds none), so the difference is the work
 around the rows.
@@ -20,13 +21,14 @@ import tempfile
 import time
 from decimal import Decimal
 
+import ivm.policy
+
 WAYS = ("spark", "sized", "driver")
 
 
 def main(rounds: int, files: int, rows_per_file: int) -> None:
     import pyarrow as pa
 
-    import ops.sink
     from ops import DIFF
     from ops.sink import apply_to_table
     from resources.spark import get_spark
@@ -67,19 +69,19 @@ def main(rounds: int, files: int, rows_per_file: int) -> None:
         held.update(rows)
     rng = random.Random(1)
     times: dict[str, list[float]] = {way: [] for way in WAYS}
-    limit = ops.sink.DRIVER_REWRITE_ROWS
     for i in range(len(WAYS) * rounds):
         way = WAYS[i % len(WAYS)]
-        ops.sink.DRIVER_REWRITE_ROWS = limit if way == "driver" else 0
         deleted = rng.sample(sorted(held), 500)
         inserted = fresh_rows(500)
-        started = time.perf_counter()
-        change = apply(
-            files + 1 + i,
-            [(r, -1) for r in deleted] + [(r, 1) for r in inserted],
-            bounded=way != "spark",
-        )
-        seconds = time.perf_counter() - started
+        rewrites = {} if way == "driver" else {"driver_rewrite_rows": 0}
+        with ivm.policy.using(**rewrites):
+            started = time.perf_counter()
+            change = apply(
+                files + 1 + i,
+                [(r, -1) for r in deleted] + [(r, 1) for r in inserted],
+                bounded=way != "spark",
+            )
+            seconds = time.perf_counter() - started
         held.difference_update(deleted)
         held.update(inserted)
         if i >= len(WAYS):

@@ -6,7 +6,10 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from assets.views import POOL, VIEWS_GROUP
+from engine.compact import compact, storage_report
 from ivm.config import Project
+from engine.facade import Engine
+from resources.spark import check_spark
 
 REFRESH_JOB = "ivm_refresh"
 
@@ -56,10 +59,6 @@ def compact_job(project: Project) -> dg.JobDefinition:
     def compact_lake(
         context: dg.OpExecutionContext, pyspark: LazyPySparkResource, config: CompactConfig
     ) -> dg.Output[None]:
-        from engine.compact import compact, storage_report
-        from engine.facade import Engine
-        from resources.spark import check_spark
-
         check_spark(pyspark.spark_config)
         engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
         report = compact(engine, retention_hours=config.retention_hours)

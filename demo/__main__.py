@@ -17,6 +17,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from demo.tpch import apply_change_batch, create_sources, generate_parquet
+from engine.facade import Engine, RefreshReport
+from engine.oracle import compare_views
+from resources.spark import get_spark
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
@@ -51,7 +57,7 @@ def write_project(root: Path, sources: dict[str, str]) -> Path:
     return root / "ivm.toml"
 
 
-def print_report(report, title: str) -> None:
+def print_report(report: RefreshReport, title: str) -> None:
     say(f"  {title}")
     width = max(len(v.view) for v in report.views)
     say(f"    {'view'.ljust(width)}  epoch  inserted  deleted  table rows rewritten  seconds")
@@ -63,30 +69,32 @@ def print_report(report, title: str) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The demo's command line: the TPC-H scale factor and the change batch's size."""
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=0.1, help="TPC-H scale factor (0.1)")
     parser.add_argument(
         "--change", type=float, default=0.001, help="fraction of orders per change kind (0.001)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from demo.tpch import apply_change_batch, create_sources, generate_parquet
-    from engine.facade import Engine
-    from engine.oracle import compare_views
-    from resources.spark import get_spark
 
-    project_dir = WORK / "project"
+def _create_project(scale: float, project_dir: Path) -> tuple[Path, dict[str, str]]:
+    """Step 1: TPC-H as Delta sources and a fresh project over them; its config and sources."""
     if project_dir.exists():
         shutil.rmtree(project_dir)
-    say(f"== 1. TPC-H scale factor {args.scale:g} as Delta sources with CDF")
+    say(f"== 1. TPC-H scale factor {scale:g} as Delta sources with CDF")
     with timed("tpchgen-cli"):
-        parquet = generate_parquet(args.scale, WORK / "tpch")
+        parquet = generate_parquet(scale, WORK / "tpch")
     with timed("write Delta sources"):
         sources = create_sources(parquet, project_dir / "data")
     config = write_project(project_dir, sources)
     say(f"  project: {config}")
+    return config, sources
 
+
+def _first_refresh(config: Path) -> tuple[Any, RefreshReport]:
+    """Step 2: start Spark and build every view; the session and the refresh's report."""
     say("\n== 2. First refresh: every view built from the sources' snapshots")
     with timed("start Spark"):
         spark = get_spark()
@@ -96,10 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     with timed("refresh (epoch 1)"):
         first = engine.refresh()
     print_report(first, "per view:")
+    return spark, first
 
-    say(f"\n== 3. A change batch ({args.change:.2%} of orders per kind), then refresh")
+
+def _change_and_refresh(
+    config: Path, spark: Any, sources: dict[str, str], change: float
+) -> tuple[Engine, RefreshReport]:
+    """Step 3: apply a change batch to the sources and refresh; the engine and its report."""
+    say(f"\n== 3. A change batch ({change:.2%} of orders per kind), then refresh")
     with timed("apply batch to sources"):
-        summary = apply_change_batch(sources, args.change)
+        summary = apply_change_batch(sources, change)
     say(f"  {summary}")
     # measure_lookups: also record the rows Spark's scans really read (costs an extra pass).
     engine = Engine(config, spark=spark, measure_lookups=True)
@@ -110,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         "per view (the change was read and logged; a readable table rewrites the files its "
         "deletions hit):",
     )
+    print_lookups(second)
+    return engine, second
+
+
+def print_lookups(report: RefreshReport) -> None:
+    """Per view and arrangement: the rows and files its lookups read, against the whole."""
     say("  arrangement lookups (rows Spark's scans read / rows in the arrangement):")
-    for v in second.views:
+    for v in report.views:
         for name, st in v.lookups.items():
             share = st.rows_scanned / st.rows_total if st.rows_total else 0.0
             say(
@@ -120,20 +140,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"{st.files_opened} of {st.files_total} files"
             )
 
+
+def _compare(engine: Engine) -> bool:
+    """Step 4: every view against DuckDB from scratch; whether all are equal."""
     say("\n== 4. Every view against DuckDB's from-scratch evaluation of the same SQL")
     with timed("DuckDB evaluation and comparison"):
         results = compare_views(engine)
     for r in results:
         say(f"  {r.describe()}")
-    ok = all(r.equal for r in results) and first.ok and second.ok
-    say(
-        "\n"
-        + (
-            "OK: every view equals its from-scratch evaluation."
-            if ok
-            else "FAILED: some view differs or failed (see above)."
-        )
-    )
+    return all(r.equal for r in results)
+
+
+def _say_next(project_dir: Path, config: Path) -> None:
+    """The commands to explore the demo's project next (CLI and Dagster UI)."""
     say(
         "\nNext:\n"
         f"  .venv/bin/ivm --project {project_dir} show urgent_open_orders\n"
@@ -144,6 +163,25 @@ def main(argv: list[str] | None = None) -> int:
         f"    IVM_PROJECT={config} .venv/bin/dagster dev -w workspace.yaml\n"
         "  then browse http://127.0.0.1:3000 (Assets -> Lineage) and materialize 'views'."
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo's four steps; 0 when every view equals its from-scratch evaluation."""
+    args = _arguments(argv)
+    project_dir = WORK / "project"
+    config, sources = _create_project(args.scale, project_dir)
+    spark, first = _first_refresh(config)
+    engine, second = _change_and_refresh(config, spark, sources, args.change)
+    ok = _compare(engine) and first.ok and second.ok
+    say(
+        "\n"
+        + (
+            "OK: every view equals its from-scratch evaluation."
+            if ok
+            else "FAILED: some view differs or failed (see above)."
+        )
+    )
+    _say_next(project_dir, config)
     return 0 if ok else 1
 
 

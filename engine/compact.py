@@ -31,7 +31,7 @@ from deltalake import CommitProperties, Transaction
 
 from ivm.plan.reduce import state_tables
 from ops import DIFF, TIME
-from ops.arrange import PARQUET_OPTIONS, sorted_by
+from ops.arrange import parquet_options, sorted_by
 from ops.consolidate import accumulate_until, consolidate_until
 from ops.ingest import read_files
 from ops.sink import stage_updates
@@ -212,7 +212,7 @@ def _advance(engine: Any, target: _Target, result: TableCompaction) -> None:
         target.uri,
         epoch,
         "compact",
-        PARQUET_OPTIONS if target.key else None,
+        parquet_options() if target.key else None,
     )
     metadata = {**_carried_metadata(target.uri), SINCE: str(since), COMPACTED: "true"}
     commit = replace_files(

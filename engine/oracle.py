@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -51,6 +51,7 @@ import duckdb
 import pyarrow as pa
 
 from ivm.errors import IvmError
+from ivm.sql.parse import parse_view
 from resources.lake import open_table
 
 MEMORY_LIMIT = "4GB"
@@ -343,8 +344,6 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "__src_{name}"{where}')
         out: dict[str, pa.Table] = {}
         for name, view in engine.plan.views.items():
-            from ivm.sql.parse import parse_view
-
             query = parse_view(view.sql, view.file).query
             con.execute(f'CREATE VIEW "{name}" AS {query.sql(dialect="duckdb")}')
             out[name] = con.sql(f'SELECT * FROM "{name}"').to_arrow_table()
@@ -686,85 +685,135 @@ def tolerant_differences(
     groups holding them (up to :data:`SETTLE_ROWS` rows) are fetched and matched exactly in
     Python (:func:`_match`). With ``collect`` False (Spark, a table of any size) the rows
     are counted in SQL and the Counters hold only what was fetched."""
-    n = len(rules)
     keys = [i for i, r in enumerate(rules) if not r.tolerant]
     tolerant = [i for i, r in enumerate(rules) if r.tolerant]
     e = backend.view(
         f"SELECT {_projection(backend, rules, expected_names, 'expected')} FROM {expected}"
     )
     a = backend.view(f"SELECT {_projection(backend, rules, actual_names, 'actual')} FROM {actual}")
-    partition = f"PARTITION BY {', '.join(f'c{k}' for k in keys)} " if keys else ""
-    order = ", ".join(f"c{t} ASC NULLS LAST" for t in tolerant)
-
-    def ranked(name: str) -> str:
-        return f"SELECT *, row_number() OVER ({partition}ORDER BY {order}) AS rn FROM {name}"
-
-    def same_keys(x: str, y: str, xp: str = "c", yp: str = "c") -> str:
-        return " AND ".join(f"{x}.{xp}{k} IS NOT DISTINCT FROM {y}.{yp}{k}" for k in keys)
-
-    verdicts = [_sql_verdicts(rules[t], f"e{t}", f"a{t}") for t in tolerant]
-    sure = " AND ".join(s for s, _ in verdicts)
-    near = " AND ".join(p for _, p in verdicts)
-    join_on = " AND ".join(filter(None, [same_keys("er", "ar"), "er.rn = ar.rn"]))
-    pairs = ", ".join(
-        [f"er.c{i} AS e{i}" for i in range(n)] + [f"ar.c{i} AS a{i}" for i in range(n)]
-    )
-    problems = backend.materialize(
-        f"SELECT *, {near} AS near FROM (SELECT {pairs}, er.rn AS e_rn, ar.rn AS a_rn "
-        f"FROM ({ranked(e)}) er FULL OUTER JOIN ({ranked(a)}) ar ON {join_on}) p "
-        f"WHERE e_rn IS NULL OR a_rn IS NULL OR NOT ({sure})"
-    )
+    problems = _rank_pairing_problems(backend, rules, keys, tolerant, e, a)
     counts = backend.rows(
         f"SELECT count(e_rn), count(a_rn), count(CASE WHEN e_rn IS NOT NULL AND a_rn IS NOT "
         f"NULL AND near THEN 1 END) FROM {problems}"
     )[0]
     if counts[0] == 0 and counts[1] == 0:
         return TableDifferences(Counter(), Counter(), rules)
-    if keys:
-        group_keys = ", ".join(
-            f"CASE WHEN e_rn IS NULL THEN a{k} ELSE e{k} END AS k{k}" for k in keys
-        )
-        groups = backend.materialize(
-            "SELECT *, dense_rank() OVER (ORDER BY "
-            + ", ".join(f"k{k} ASC NULLS LAST" for k in keys)
-            + f") AS gid FROM (SELECT DISTINCT {group_keys} FROM {problems}) g"
-        )
-
-        def in_groups(side: str) -> str:
-            return f"FROM {side} s JOIN {groups} g ON {same_keys('s', 'g', 'c', 'k')}"
-
-        gid = "g.gid"
-    else:
-
-        def in_groups(side: str) -> str:
-            return f"FROM {side} s"
-
-        gid = "1"
-    cols = ", ".join(f"s.c{i}" for i in range(n))
+    in_groups, gid = _groups_that_differ(backend, problems, keys)
     sizes = backend.rows(
         f"SELECT (SELECT count(*) {in_groups(e)}), (SELECT count(*) {in_groups(a)})"
     )[0]
-    missing: Counter = Counter()
-    extra: Counter = Counter()
     if sizes[0] + sizes[1] <= SETTLE_ROWS:
-        by_group: dict[Any, tuple[list[tuple], list[tuple]]] = defaultdict(lambda: ([], []))
-        for row in backend.rows(f"SELECT {gid}, {cols} {in_groups(e)}"):
-            by_group[row[0]][0].append(row[1:])
-        for row in backend.rows(f"SELECT {gid}, {cols} {in_groups(a)}"):
-            by_group[row[0]][1].append(row[1:])
-        for want, got in by_group.values():
-            lost, gained = _match(rules, tolerant, want, got)
-            missing.update(multiset(lost))
-            extra.update(multiset(gained))
-        return TableDifferences(missing, extra, rules, missing.total(), extra.total())
-    # Too many rows to match exactly: the rank pairing's verdicts, the undecided pairs
-    # decided exactly (up to SETTLE_ROWS of them; beyond, counted as different).
+        return _settle_groups(backend, rules, tolerant, e, a, in_groups, gid)
     note = (
         f"{sizes[0] + sizes[1]} rows in groups that differ, more than {SETTLE_ROWS}: paired "
         "by rank in sorted order, not matched again"
     )
+    return _rank_verdicts(backend, rules, tolerant, problems, counts, note, collect=collect)
+
+
+def _same_keys(keys: list[int], x: str, y: str, xp: str = "c", yp: str = "c") -> str:
+    """SQL: rows ``x`` and ``y`` hold the same exact columns ``keys`` (NULL-safe)."""
+    return " AND ".join(f"{x}.{xp}{k} IS NOT DISTINCT FROM {y}.{yp}{k}" for k in keys)
+
+
+def _rank_pairing_problems(
+    backend: SqlBackend,
+    rules: list[ColumnRule],
+    keys: list[int],
+    tolerant: list[int],
+    e: str,
+    a: str,
+) -> str:
+    """The rank pairing's unpaired rows and pairs not surely equal, materialized; its name.
+
+    Columns: ``e0..`` and ``a0..`` (the pair's rows), ``e_rn`` and ``a_rn`` (NULL on the side
+    a row is missing from) and ``near`` (whether the pair may be equal)."""
+    n = len(rules)
+    partition = f"PARTITION BY {', '.join(f'c{k}' for k in keys)} " if keys else ""
+    order = ", ".join(f"c{t} ASC NULLS LAST" for t in tolerant)
+
+    def ranked(name: str) -> str:
+        return f"SELECT *, row_number() OVER ({partition}ORDER BY {order}) AS rn FROM {name}"
+
+    verdicts = [_sql_verdicts(rules[t], f"e{t}", f"a{t}") for t in tolerant]
+    sure = " AND ".join(s for s, _ in verdicts)
+    near = " AND ".join(p for _, p in verdicts)
+    join_on = " AND ".join(filter(None, [_same_keys(keys, "er", "ar"), "er.rn = ar.rn"]))
+    pairs = ", ".join(
+        [f"er.c{i} AS e{i}" for i in range(n)] + [f"ar.c{i} AS a{i}" for i in range(n)]
+    )
+    return backend.materialize(
+        f"SELECT *, {near} AS near FROM (SELECT {pairs}, er.rn AS e_rn, ar.rn AS a_rn "
+        f"FROM ({ranked(e)}) er FULL OUTER JOIN ({ranked(a)}) ar ON {join_on}) p "
+        f"WHERE e_rn IS NULL OR a_rn IS NULL OR NOT ({sure})"
+    )
+
+
+def _groups_that_differ(
+    backend: SqlBackend, problems: str, keys: list[int]
+) -> tuple[Callable[[str], str], str]:
+    """A ``FROM`` clause of a side's rows in the groups holding a problem, and their group id."""
+    if not keys:
+
+        def whole(side: str) -> str:
+            return f"FROM {side} s"
+
+        return whole, "1"
+    group_keys = ", ".join(f"CASE WHEN e_rn IS NULL THEN a{k} ELSE e{k} END AS k{k}" for k in keys)
+    groups = backend.materialize(
+        "SELECT *, dense_rank() OVER (ORDER BY "
+        + ", ".join(f"k{k} ASC NULLS LAST" for k in keys)
+        + f") AS gid FROM (SELECT DISTINCT {group_keys} FROM {problems}) g"
+    )
+
+    def in_groups(side: str) -> str:
+        return f"FROM {side} s JOIN {groups} g ON {_same_keys(keys, 's', 'g', 'c', 'k')}"
+
+    return in_groups, "g.gid"
+
+
+def _settle_groups(
+    backend: SqlBackend,
+    rules: list[ColumnRule],
+    tolerant: list[int],
+    e: str,
+    a: str,
+    in_groups: Callable[[str], str],
+    gid: str,
+) -> TableDifferences:
+    """Every row of the groups that differ fetched and matched exactly in Python, by group."""
+    cols = ", ".join(f"s.c{i}" for i in range(len(rules)))
+    by_group: dict[Any, tuple[list[tuple], list[tuple]]] = defaultdict(lambda: ([], []))
+    for row in backend.rows(f"SELECT {gid}, {cols} {in_groups(e)}"):
+        by_group[row[0]][0].append(row[1:])
+    for row in backend.rows(f"SELECT {gid}, {cols} {in_groups(a)}"):
+        by_group[row[0]][1].append(row[1:])
+    missing: Counter = Counter()
+    extra: Counter = Counter()
+    for want, got in by_group.values():
+        lost, gained = _match(rules, tolerant, want, got)
+        missing.update(multiset(lost))
+        extra.update(multiset(gained))
+    return TableDifferences(missing, extra, rules, missing.total(), extra.total())
+
+
+def _rank_verdicts(
+    backend: SqlBackend,
+    rules: list[ColumnRule],
+    tolerant: list[int],
+    problems: str,
+    counts: tuple[Any, ...],
+    note: str,
+    *,
+    collect: bool,
+) -> TableDifferences:
+    """Too many rows to match exactly: the rank pairing's verdicts, the undecided pairs decided
+    exactly (up to :data:`SETTLE_ROWS` of them; beyond, counted as different)."""
+    n = len(rules)
     e_cols = ", ".join(f"e{i}" for i in range(n))
     a_cols = ", ".join(f"a{i}" for i in range(n))
+    missing: Counter = Counter()
+    extra: Counter = Counter()
     undecided = backend.rows(
         f"SELECT {e_cols}, {a_cols} FROM {problems} WHERE e_rn IS NOT NULL AND a_rn IS NOT "
         f"NULL AND near LIMIT {SETTLE_ROWS}"

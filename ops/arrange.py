@@ -1,5 +1,13 @@
 """Arrangements: a collection's updates stored as a Delta table indexed by a key, and lookups.
 
+Owns the arrangements' files (how Spark and the driver write them: sorted by key, small
+pages, :func:`parquet_options`) and every read of them by key: :func:`lookup` for Spark's
+plans, whose strategy :func:`lookup_strategy` chooses from sizes known before reading (each
+strategy its own function), :func:`lookup_arrow` and :func:`lookup_rows` for the driver's.
+Every threshold is a field of the policy in force (:func:`ivm.policy.current`), read at call
+time; the measurements behind them are in BENCHMARKS.md ("Policy thresholds: arrangements and
+lookups").
+
 An arrangement of collection ``C`` by key ``K`` holds the updates of ``C`` (only the columns
 some reader needs) as ``(K..., other columns..., _time, _diff)``. Every commit's files are
 sorted by ``K``, so each file's min/max statistics on the first key column bound the keys it
@@ -11,19 +19,23 @@ keys present in a stream only: files whose ``_time`` starts after ``t`` or whose
 misses every key are never opened.
 
 Contract in ``(data, time, diff)`` terms: :func:`lookup` returns ``{(d, r) : d in C(t),
-key(d) in keys, r = multiplicity}``; :func:`lookup_rows` returns the updates ``(d, t', r)``
-with ``t' <= t`` behind those, read by the driver; :func:`write_updates` appends the updates
-of ``(lower, upper]`` once per epoch (txn ``(arrangement, upper)``).
+key(d) in keys, r = multiplicity}`` whichever strategy reads it (:func:`lookup_arrow` the
+same, on the driver); :func:`lookup_rows` returns the updates ``(d, t', r)`` with ``t' <= t``
+behind those, read by the driver; :func:`write_updates`, :func:`write_held_updates` and
+:func:`build_by_driver` append the updates of ``(lower, upper]`` once per epoch (txn
+``(arrangement, upper)``), in the same files whoever writes them.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from functools import reduce
 
 import numpy as np
@@ -34,6 +46,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from ivm.policy import Policy, current
 from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.declines import declined
@@ -56,41 +69,28 @@ from resources.lake import (
     table_file_stats,
 )
 
-PUSHDOWN_KEYS = 400
-"""Values per pushed-down ``IN (...)`` list. Spark turns the list into a chain of ORs for
-Parquet; around 1,000 values that chain overflows a task thread's stack, so larger key sets
-are split into several scans (each prunes files by its own key range). A bigger stack does
-not make one long list pay: with ``-Xss64m``, SF1 ``lineitem`` (6.2M updates), 4,500 keys in
-one list took 4.8-6.3s, in 400-key chunks 4.9-5.8s, read once and semi-joined 0.8-0.9s
-(alternated in one session): pushdown's cost grows with the keys, so :data:`PUSH_RATIO`
-keeps it to few."""
-
-PUSH_RATIO = 4
-"""A lookup pushes ``key IN (...)`` into its Parquet scans (so the page index skips pages)
-when the pages its keys may touch, ``keys * PAGE_ROWS``, are less than ``1 / PUSH_RATIO`` of
-the live rows; otherwise it reads the files whose key range admits a key once and semi-joins
-with the broadcast keys. ``python -m bench.lookup``, alternated in one warm session, pushed
-down (without the dictionary filter: :data:`LOOKUP_READ`) against read once. SF1
-``lineitem`` (6.2M updates): 20 keys 0.86-0.93s against 1.92-2.01s, 150 keys 0.76-0.79s
-against 1.69-1.78s, 400 keys 0.87-0.92s against 1.56-1.59s, 800 keys (pushed down by this
-rule) 2.0-4.1s against 2.1-2.2s, 1,600 keys 2.0-2.5s against 1.8-2.0s. SF3 (18.6M): 400
-keys 1.8-4.2s against 4.0-4.7s, 1,600 keys 2.1-2.8s against 3.4-3.6s, 4,000 keys 3.8-4.5s
-against 3.7-3.8s."""
+log = logging.getLogger("ivm")
 
 LOOKUP_READ: Mapping[str, str] = {"parquet.filter.dictionary.enabled": "false"}
 """Reader options of a pushed-down lookup. Parquet's dictionary filter reads each row
 group's dictionary page and probes it with every value of the ``IN`` list before the page
 index is consulted; for sorted keys the page index alone finds the pages, and the
-dictionary probes cost more than they skip (same arrangement, 400 keys pushed down: 2.9-3.7s
-with the dictionary filter, 0.9-1.2s without)."""
+dictionary probes cost more than they skip (BENCHMARKS.md, "Policy thresholds:
+arrangements and lookups")."""
 
-ROWS_PER_FILE = 500_000
-ROW_GROUP_BYTES = 16 * 1024 * 1024
-PAGE_ROWS = 1_000
-"""Rows per Parquet page: with the page index, a lookup of k keys reads about k pages of
-each column instead of whole row groups (measured: 300 random keys of 6M sorted rows read
-296k rows with 1,000-row pages, 3.9M with Parquet's default 20,000)."""
-PAGE_BYTES = 64 * 1024
+
+def parquet_options(policy: Policy | None = None) -> dict[str, object]:
+    """How Spark writes arrangement files under ``policy`` (default: the one in force):
+    row groups of ``row_group_bytes``, small pages (``page_rows``, ``page_bytes``: with the
+    page index, a lookup of k keys reads about k pages of each column), files of
+    ``arrangement_file_rows`` rows."""
+    policy = policy or current()
+    return {
+        "parquet.block.size": policy.row_group_bytes,
+        "parquet.page.row.count.limit": policy.page_rows,
+        "parquet.page.size": policy.page_bytes,
+        "maxRecordsPerFile": policy.arrangement_file_rows,
+    }
 
 
 @dataclass
@@ -130,7 +130,7 @@ def write_updates(
     """Append (or, ``overwrite``, start anew with) consolidated updates sorted by ``key``;
     ``in_ranges``: each partition of ``updates`` holds a range of ``key`` that the others
     barely overlap; ``small``: an epoch's change, written by the driver if it has at most
-    :data:`~ops.sink.DRIVER_CHANGE_ROWS` rows (see :func:`~ops.sink.stage_updates`)."""
+    the policy's ``driver_change_rows`` rows (see :func:`~ops.sink.stage_updates`)."""
     return append_updates(
         sorted_by(updates, key, rows_hint, in_ranges),
         uri,
@@ -139,19 +139,9 @@ def write_updates(
         metadata=metadata,
         overwrite=overwrite,
         description=_description(key),
-        parquet_options=PARQUET_OPTIONS,
+        parquet_options=parquet_options(),
         small=small,
     )
-
-
-DRIVER_BUILD_ROWS = 24_000_000
-"""A source's snapshot of at most this many rows, its files laid out by the key
-(:func:`resources.lake.key_ordered`), becomes an arrangement built by the driver, file by
-file (:func:`build_by_driver`); the bound of :data:`COLD_READ_ROWS`, the rows the driver
-decodes at once for a lookup."""
-
-DRIVER_SORT_ROWS = 4_000_000
-"""A snapshot not laid out by the key is sorted whole by the driver up to this many rows."""
 
 
 def build_by_driver(
@@ -168,26 +158,26 @@ def build_by_driver(
     """Build an arrangement from a source's snapshot: its data ``files`` (local, none with a
     partition column the arrangement holds) as ``+1`` updates at ``epoch``, written and
     committed by the driver, with no Spark job. Returns None, committing nothing, when the
-    snapshot is too large (:data:`DRIVER_BUILD_ROWS`, :data:`DRIVER_SORT_ROWS`), a file is
+    snapshot is too large (the policy's ``driver_build_rows`` for files laid out by the key,
+    :func:`resources.lake.key_ordered`; ``driver_sort_rows`` for others), a file is
     remote, or a file's columns are not read as Spark reads them with ``schema`` (the
     ``(columns..., _time, _diff)`` types Spark's read of the snapshot has): Spark builds it
     (:func:`ops.ingest.file_rows_declined`, checked on every file's footer first, the
     reason recorded: :func:`ops.declines.declined`).
 
     The files are what :func:`write_updates` writes: sorted by ``(key, _time)`` (NULLs
-    first), :data:`ROWS_PER_FILE` rows each, pages of :data:`PAGE_ROWS`, the engine's codec.
-    Files laid out by the key are taken one at a time, several at once; the others are
-    sorted whole. Arrow's reader and writer, on the driver's threads, do in SF1 ``lineitem``
-    (6M updates, 2 files) what Spark's scan, sort and Parquet writer do in 6.1-6.3s wall,
-    12.2s of the JVM's CPU: 1.6-1.7s wall, 2.9s of CPU. Each file written is handed to the
-    driver's cache (:mod:`resources.filecache`) as lookups read it, so the refreshes after a
-    build do not decode it again."""
+    first), ``arrangement_file_rows`` rows each, pages of ``page_rows``, the engine's codec.
+    Files laid out by the key are taken one at a time, several at once (Arrow's reader and
+    writer on the driver's threads); the others are sorted whole. Each file written is
+    handed to the driver's cache (:mod:`resources.filecache`) as lookups read it, so the
+    refreshes after a build do not decode it again."""
+    policy = current()
     rows = sum(f.num_records or 0 for f in files)
     remote = any("://" in f.uri and not f.uri.startswith("file://") for f in files)
     if not files or remote or any(f.num_records is None for f in files):
         return None
-    ordered = key_ordered(files, key[0]) if rows <= DRIVER_BUILD_ROWS else None
-    if ordered is None and rows > DRIVER_SORT_ROWS:
+    ordered = key_ordered(files, key[0]) if rows <= policy.driver_build_rows else None
+    if ordered is None and rows > policy.driver_sort_rows:
         return None
     why = _first_unreadable(
         files, schema_of(schema, [c for c in schema.names if c not in (TIME, DIFF)])
@@ -199,7 +189,8 @@ def build_by_driver(
     types = spark_compatible_schema(schema)
 
     def one_file(f: DataFile) -> None:
-        _stage_sorted(_file_updates(local_path(f.uri), schema, epoch), staged_uri, key, types)
+        updates = _file_updates(local_path(f.uri), schema, epoch)
+        _stage_sorted(updates, staged_uri, key, types, policy)
 
     with _writers(len(files)) as pool:
         if ordered is not None:
@@ -208,7 +199,7 @@ def build_by_driver(
             tables = list(
                 pool.map(lambda f: _file_updates(local_path(f.uri), schema, epoch), files)
             )
-            _stage_sorted(pa.concat_tables(tables), staged_uri, key, types, pool)
+            _stage_sorted(pa.concat_tables(tables), staged_uri, key, types, policy, pool)
     return _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
 
 
@@ -234,8 +225,9 @@ def write_held_updates(
     """:func:`write_updates` of updates the driver holds (an epoch's change feed summed on
     the arrangement's columns, a state table's rows, a build's counted state), with no Spark
     job: ``(columns..., _time, _diff)`` sorted by ``(key, _time)``, NULLs first as Spark
-    sorts, in files of :data:`ROWS_PER_FILE` rows written at once on the driver's threads,
-    each handed to the driver's cache; the result's ``staged`` holds the rows as written.
+    sorts, in files of the policy's ``arrangement_file_rows`` rows written at once on the
+    driver's threads, each handed to the driver's cache; the result's ``staged`` holds the
+    rows as written.
     None, writing nothing, when the rows lack one of ``schema``'s columns or one's type does
     not convert to ``schema``'s without loss (:func:`ops.rows.cast_loss`; the reason
     recorded: :func:`ops.declines.declined`). ``overwrite``: they replace the table's
@@ -244,14 +236,16 @@ def write_held_updates(
     if why is not None:
         declined(f"rows written by Spark ({why})")
         return None
+    policy = current()
+    file_rows = policy.arrangement_file_rows
     rows = rows.select(schema.names).cast(schema)
     staged_uri = staging_uri(uri, epoch, "updates")
     types = spark_compatible_schema(schema)
-    if rows.num_rows <= ROWS_PER_FILE:  # an epoch's change: one file, no thread to start
-        rows = _stage_sorted(rows, staged_uri, key, types)
+    if rows.num_rows <= file_rows:  # an epoch's change: one file, no thread to start
+        rows = _stage_sorted(rows, staged_uri, key, types, policy)
     else:
-        with _writers(math.ceil(rows.num_rows / ROWS_PER_FILE)) as pool:
-            rows = _stage_sorted(rows, staged_uri, key, types, pool)
+        with _writers(math.ceil(rows.num_rows / file_rows)) as pool:
+            rows = _stage_sorted(rows, staged_uri, key, types, policy, pool)
     result = _commit_sorted(uri, staged_uri, key, schema, app_id, epoch, metadata, overwrite)
     result.staged = rows
     return result
@@ -267,17 +261,21 @@ def _stage_sorted(
     staged_uri: str,
     key: Sequence[str],
     types: pa.Schema,
+    policy: Policy,
     pool: ThreadPoolExecutor | None = None,
 ) -> pa.Table:
     """Write ``rows`` sorted by ``(key, _time)`` (NULLs first, as Spark sorts) into
-    ``staged_uri`` in files of :data:`ROWS_PER_FILE` rows with the arrangements' page
-    settings (at once on ``pool``), hand each to the driver's cache read as ``types``, and
-    return them sorted."""
+    ``staged_uri`` in files of ``policy.arrangement_file_rows`` rows with the arrangements'
+    page settings (``page_rows``, ``page_bytes``; at once on ``pool``), hand each to the
+    driver's cache read as ``types``, and return them sorted."""
     rows = rows.sort_by(spark_order([*key, TIME]))
-    parts = [rows.slice(at, ROWS_PER_FILE) for at in range(0, rows.num_rows, ROWS_PER_FILE)]
+    n = policy.arrangement_file_rows
+    parts = [rows.slice(at, n) for at in range(0, rows.num_rows, n)]
 
     def write(part: pa.Table) -> None:
-        path = stage_arrow(staged_uri, part, rows_per_page=PAGE_ROWS, page_bytes=PAGE_BYTES)
+        path = stage_arrow(
+            staged_uri, part, rows_per_page=policy.page_rows, page_bytes=policy.page_bytes
+        )
         if path is not None:
             FILES.put(path, types, part)
 
@@ -315,15 +313,6 @@ def _description(key: Sequence[str]) -> str:
     return f"ivm arrangement by ({', '.join(key)}): updates (columns..., _time, _diff)"
 
 
-PARQUET_OPTIONS: Mapping[str, object] = {
-    "parquet.block.size": ROW_GROUP_BYTES,
-    "parquet.page.row.count.limit": PAGE_ROWS,
-    "parquet.page.size": PAGE_BYTES,
-    "maxRecordsPerFile": ROWS_PER_FILE,
-}
-"""How arrangement files are written: small pages, so a key lookup reads few rows."""
-
-
 def sorted_by(
     updates: DataFrame, key: Sequence[str], rows_hint: int | None, in_ranges: bool = False
 ) -> DataFrame:
@@ -331,11 +320,10 @@ def sorted_by(
 
     ``in_ranges``: the partitions already hold ranges of ``key`` that barely overlap (a
     source loaded in key order, :func:`ops.ingest.source_snapshot_in_order`): each is sorted
-    where it is, with no sampling pass and no shuffle (SF1 ``lineitem``, 6M rows: the write
-    7.3-8.1s against 13.3-19.5s alternated; the arrangement build 10.2s against 15.4s).
-    Files are cut at :data:`ROWS_PER_FILE` rows either way."""
+    where it is, with no sampling pass and no shuffle. Files are cut at the policy's
+    ``arrangement_file_rows`` rows either way (:func:`parquet_options`)."""
     cols = [F.col(f"`{c}`") for c in key]
-    n_files = max(1, math.ceil((rows_hint or 0) / ROWS_PER_FILE))
+    n_files = max(1, math.ceil((rows_hint or 0) / current().arrangement_file_rows))
     if not in_ranges:
         updates = updates.repartitionByRange(n_files, *cols) if n_files > 1 else updates.coalesce(1)
     return updates.sortWithinPartitions(*cols, TIME)
@@ -347,6 +335,104 @@ def _table_files(uri: str, k0: str) -> list[FileStats]:
     files = table_file_stats(uri, [k0, TIME])
     FILES.keep_only(local_path(uri), [local_path(f.file.uri) for f in files])
     return files
+
+
+class Strategy(Enum):
+    """How :func:`lookup` reads an arrangement (:func:`lookup_strategy` chooses)."""
+
+    PUSHED_DOWN = "pushed down"
+    """``key IN (...)`` in Spark's Parquet scans: the page index skips the pages without a
+    key (:data:`LOOKUP_READ`); no key but NULL: an ``IS NULL`` scan; no key: nothing."""
+    SPARK_READ_ONCE = "read once by Spark"
+    """Spark reads the files whose key range admits a key once and semi-joins them with the
+    broadcast keys."""
+    DRIVER_READ_ONCE = "read once by the driver"
+    """The driver reads those files (:func:`_read_once_by_driver`) and hands the rows to
+    Spark as a local relation; Spark's read once when more rows match than the policy's
+    ``driver_lookup_rows``."""
+    DRIVER_MEMORY = "probed in the driver's memory"
+    """Few keys, but the driver holds the files decoded (or can decode and keep them,
+    :func:`_in_memory`): probed there as the driver's read-once lookup probes them; pushed
+    down when more rows match than ``driver_lookup_rows``."""
+
+
+def lookup_strategy(
+    keys: int,
+    null_key: bool,
+    live_rows: int,
+    candidates: Sequence[DataFile],
+    schema: pa.Schema,
+    policy: Policy,
+) -> tuple[Strategy, str]:
+    """How :func:`lookup` reads the arrangement, and why, from what is known before reading:
+    the distinct non-NULL values of the first key column (``keys``), whether a key's first
+    column is NULL (``null_key``: matched by Spark only), the rows of the files live at the
+    time asked, the ``candidates`` (live files whose key range admits a key) and whether the
+    driver holds them.
+
+    Pushed down while the pages the keys may touch, ``keys * page_rows``, are under
+    ``1 / push_ratio`` of the live rows, unless the driver can probe the candidates in its
+    memory; otherwise the candidates are read once, by the driver unless a key is NULL or
+    ``driver_lookup_rows`` is 0.
+
+    >>> lookup_strategy(3, False, 1_000_000, [], pa.schema([]), Policy())[0].value
+    'pushed down'
+    >>> lookup_strategy(3_000, False, 1_000_000, [], pa.schema([]), Policy())[0].value
+    'read once by the driver'
+    >>> strategy, why = lookup_strategy(3_000, True, 1_000_000, [], pa.schema([]), Policy())
+    >>> strategy.value, why
+    ('read once by Spark', '3000 keys * 1000 rows a page * 4 >= 1000000 live rows (a NULL key)')
+    """
+    if keys == 0:
+        return Strategy.PUSHED_DOWN, "no key but NULL" if null_key else "no key"
+    pages = policy.push_ratio * keys * policy.page_rows
+    sizes = f"{keys} keys * {policy.page_rows} rows a page * {policy.push_ratio}"
+    driver = not null_key and policy.driver_lookup_rows > 0
+    if pages >= live_rows:
+        why = f"{sizes} >= {live_rows} live rows"
+        if driver:
+            return Strategy.DRIVER_READ_ONCE, why
+        off = "a NULL key" if null_key else "driver_lookup_rows = 0"
+        return Strategy.SPARK_READ_ONCE, f"{why} ({off})"
+    why = f"{sizes} < {live_rows} live rows"
+    if driver and _in_memory(candidates, schema, policy):
+        return Strategy.DRIVER_MEMORY, f"{why}, the driver holds the files (or decodes them)"
+    return Strategy.PUSHED_DOWN, why
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """One lookup's question, its keys collected to the driver once (Arrow) and made
+    distinct there: the semi-joins probe that local copy, so the stream behind the keys is
+    not computed again by a scan's job, and no Spark distinct (a shuffle: a second job per
+    lookup) is run."""
+
+    key: tuple[str, ...]
+    found: pa.Table  # the distinct keys, NULL ones only when ``null_safe``
+    as_of: int
+    data: tuple[str, ...]  # the columns the state is summed on
+    null_safe: bool
+    raw: bool
+    rows: list[tuple]  # ``found``'s rows
+    first: list  # the first key column's distinct non-NULL values, sorted
+    null_first: bool  # whether a key's first column is NULL
+
+    @staticmethod
+    def of(
+        key: Sequence[str],
+        keys: DataFrame,
+        as_of: int,
+        data: Sequence[str],
+        null_safe: bool,
+        raw: bool,
+    ) -> _Asked:
+        found = distinct_rows((keys if null_safe else keys.dropna()).toArrow())
+        rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
+        first = sorted({r[0] for r in rows if r[0] is not None})
+        null_first = any(r[0] is None for r in rows)
+        return _Asked(
+            tuple(key), found, as_of, tuple(data), null_safe, raw, rows, first, null_first
+        )
 
 
 def lookup(
@@ -366,9 +452,9 @@ def lookup(
     a key may repeat: callers need not make them distinct).
 
     Collects the stream's distinct keys (proportional to the change) to prune files by their
-    key statistics; for few keys (:data:`PUSH_RATIO`) it also pushes ``key IN (...)`` into
-    the scan, so Parquet's page index skips the pages holding none of them. NULL keys match
-    nothing (SQL).
+    key statistics, then reads as :func:`lookup_strategy` chooses: for few keys it pushes
+    ``key IN (...)`` into the scan, so Parquet's page index skips the pages holding none of
+    them. NULL keys match nothing (SQL).
 
     Args:
         measure: also run the scans once on their own and record the rows Spark actually
@@ -380,6 +466,7 @@ def lookup(
         columns: return only the key and these columns: the updates are projected before
             they are summed (a multiset projection), so the scans read no other column.
     """
+    policy = current()
     keep = None if columns is None else {*columns, *key}
     data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
     files = _table_files(uri, key[0])
@@ -389,66 +476,93 @@ def lookup(
     if not live:  # nothing at ``as_of`` (a state table before its first epoch): no Spark job
         empty = read_files(spark, [], schema)
         return (empty, stats) if raw else (consolidate(empty, data, by_time=False), stats)
-    # The keys come to the driver once (Arrow), and the semi-join probes that local copy:
-    # the stream behind ``keys`` is not computed again by the scan's job. They are made
-    # distinct there, not by Spark: a distinct is a shuffle, and so a second Spark job per
-    # lookup (SF0.1, the demo's views after a 0.1% batch: 220 -> 199 jobs per refresh).
-    found = distinct_rows((keys if null_safe else keys.dropna()).toArrow())
-    wanted = spark.createDataFrame(found)
-    rows = list(zip(*(column.to_pylist() for column in found.columns), strict=True))
-    stats.keys = len(rows)
-    first = sorted({r[0] for r in rows if r[0] is not None})
-    null_first = any(r[0] is None for r in rows)
-    k0 = F.col(f"`{key[0]}`")
+    asked = _Asked.of(key, keys, as_of, data, null_safe, raw)
+    stats.keys = len(asked.rows)
+    candidates = [f.file for f in live if asked.null_first or _may_hold(f, key[0], asked.first)]
     live_rows = sum(f.file.num_records or 0 for f in live)
-
-    def pushed() -> list[tuple[list[DataFile], Column | None]]:
-        # Built only when Spark scans: an IN list is a py4j call per value (SF3
-        # revenue_by_segment, its lookups probed in memory: 0.8s building 1,610 unused ones).
-        out = []
-        for i in range(0, len(first), PUSHDOWN_KEYS):
-            chunk = first[i : i + PUSHDOWN_KEYS]
-            chosen = [f.file for f in live if _may_hold(f, key[0], chunk)]
-            if chosen:
-                out.append((chosen, k0.isin(chunk)))
-        if null_first:
-            out.append(([f.file for f in live], k0.isNull()))
-        return out
-
-    push = bool(first) and PUSH_RATIO * len(first) * PAGE_ROWS < live_rows
-    if not first:
-        scans = [] if not null_first else [([f.file for f in live], k0.isNull())]
-    elif not push:
-        scans = [([f.file for f in live if null_first or _may_hold(f, key[0], first)], None)]
+    strategy, why = lookup_strategy(
+        len(asked.first), asked.null_first, live_rows, candidates, schema, policy
+    )
+    log.debug("lookup in %s: %s (%s)", uri, strategy.value, why)
+    if strategy in (Strategy.DRIVER_READ_ONCE, Strategy.DRIVER_MEMORY):
+        frame = _lookup_by_driver(spark, candidates, schema, asked, stats, policy)
+        if frame is not None:
+            return frame, stats
+        # too many rows for the driver: Spark reads them as it would have
+        pushed = strategy is Strategy.DRIVER_MEMORY
+        strategy = Strategy.PUSHED_DOWN if pushed else Strategy.SPARK_READ_ONCE
+    if strategy is Strategy.PUSHED_DOWN:
+        scans = _pushed_scans(live, asked, policy)
     else:
-        # Few keys: pushed down into Spark's scans, unless the files are in the driver's
-        # memory already (or small enough to decode whole): then the driver probes them.
-        chosen = [f.file for f in live if _may_hold(f, key[0], first)]
-        if not null_first and DRIVER_LOOKUP_ROWS and _in_memory(chosen, schema):
-            scans = [(chosen, None)]
-        else:
-            scans = pushed()
-    if scans and scans[0][1] is None and not null_first and DRIVER_LOOKUP_ROWS:
-        read = _read_once_by_driver(
-            scans[0][0],
-            schema,
-            key,
-            found,
-            as_of,
-            None if raw else data,
-            stats,
-        )
-        if read is not None:
-            table, summed = read
-            stats.files_opened = len(scans[0][0])
-            stats.rows_in_opened_files = sum(f.num_records or 0 for f in scans[0][0])
-            frame = spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
-            if raw or summed:
-                return frame, stats
-            return consolidate(frame, data, by_time=False), stats
-        if push:  # too many rows for the driver: Spark reads them as it would have
-            scans = pushed()
-    narrow = _narrowing(key, rows)
+        scans = [(candidates, None)]
+    return _lookup_by_spark(spark, scans, schema, asked, stats, policy, measure), stats
+
+
+_Scan = tuple[list[DataFile], Column | None]
+"""Files Spark reads for a lookup, and the key condition pushed into their scan (None: read
+once, the keys semi-joined)."""
+
+
+def _pushed_scans(live: Sequence[FileStats], asked: _Asked, policy: Policy) -> list[_Scan]:
+    """:attr:`Strategy.PUSHED_DOWN`'s scans: per ``pushdown_keys`` values of the first key
+    column, the files whose range admits one, with ``IN (...)`` those values (a longer list
+    overflows a task's stack); a NULL first key column: every live file, ``IS NULL``. Built
+    only when Spark scans: an ``IN`` list is a Py4J call per value."""
+    k0 = F.col(f"`{asked.key[0]}`")
+    step = policy.pushdown_keys
+    out: list[_Scan] = []
+    for i in range(0, len(asked.first), step):
+        chunk = asked.first[i : i + step]
+        chosen = [f.file for f in live if _may_hold(f, asked.key[0], chunk)]
+        if chosen:
+            out.append((chosen, k0.isin(chunk)))
+    if asked.null_first:
+        out.append(([f.file for f in live], k0.isNull()))
+    return out
+
+
+def _lookup_by_driver(
+    spark: SparkSession,
+    files: list[DataFile],
+    schema: pa.Schema,
+    asked: _Asked,
+    stats: LookupStats,
+    policy: Policy,
+) -> DataFrame | None:
+    """:attr:`Strategy.DRIVER_READ_ONCE` and :attr:`Strategy.DRIVER_MEMORY`: ``files``
+    probed by the driver (:func:`_read_once_by_driver`), the rows handed to Spark as a local
+    relation, summed unless ``raw``; None when more rows match than ``driver_lookup_rows``
+    or a key column is not of an exact type (Spark reads them)."""
+    data = None if asked.raw else asked.data
+    read = _read_once_by_driver(
+        files, schema, asked.key, asked.found, asked.as_of, data, stats, policy
+    )
+    if read is None:
+        return None
+    table, summed = read
+    stats.files_opened = len(files)
+    stats.rows_in_opened_files = sum(f.num_records or 0 for f in files)
+    frame = spark.createDataFrame(table, schema=from_arrow_schema(table.schema))
+    if asked.raw or summed:
+        return frame
+    return consolidate(frame, list(asked.data), by_time=False)
+
+
+def _lookup_by_spark(
+    spark: SparkSession,
+    scans: list[_Scan],
+    schema: pa.Schema,
+    asked: _Asked,
+    stats: LookupStats,
+    policy: Policy,
+    measure: bool,
+) -> DataFrame:
+    """:attr:`Strategy.PUSHED_DOWN` and :attr:`Strategy.SPARK_READ_ONCE`: Spark's scans of
+    ``scans`` (a key column after the first with few values narrows each, :func:`_narrowing`)
+    at ``_time <= as_of``, semi-joined with the broadcast keys unless the pushed-down
+    condition is exact, summed unless ``raw``."""
+    key = asked.key
+    narrow = _narrowing(key, asked.rows, policy)
     if narrow is not None:
         scans = [(chosen, cond if cond is None else cond & narrow) for chosen, cond in scans]
     opened = {f.uri: f for chosen, _ in scans for f in chosen}
@@ -457,31 +571,22 @@ def lookup(
     parts = []
     for chosen, condition in scans:
         options = LOOKUP_READ if condition is not None else None
-        part = read_files(spark, chosen, schema, options=options).where(F.col(TIME) <= as_of)
+        part = read_files(spark, chosen, schema, options=options)
+        part = part.where(F.col(TIME) <= asked.as_of)
         parts.append(part if condition is None else part.where(condition))
-    if not parts:
-        df = read_files(spark, [], schema)
-    else:
-        df = reduce(DataFrame.unionByName, parts)
+    df = reduce(DataFrame.unionByName, parts) if parts else read_files(spark, [], schema)
     if measure and parts:
         stats.rows_scanned = sum(_scanned_rows(p) for p in parts)
-    if null_safe:
+    wanted = spark.createDataFrame(asked.found)
+    if asked.null_safe:
         w = F.broadcast(wanted)
         cond = reduce(lambda a, b: a & b, [df[f"`{k}`"].eqNullSafe(w[f"`{k}`"]) for k in key])
         df = df.join(w, on=cond, how="left_semi")
     elif len(key) > 1 or (scans and scans[0][1] is None):
         df = df.join(F.broadcast(wanted), on=list(key), how="left_semi")
-    if raw:
-        return df, stats
-    return consolidate(df, data, by_time=False), stats
-
-
-DRIVER_LOOKUP_ROWS = 100_000
-"""A lookup that reads its files once (many keys, :data:`PUSH_RATIO`) is read by the driver
-(:func:`_read_once_by_driver`) while the rows whose first key column matches stay within this
-many; more, or 0, and Spark reads them. Measured: SF1 ``lineitem``'s arrangement (6.1M
-updates, 21 files), 3,000 keys: the driver's scan 0.37-0.42s against Spark's read-once job
-1.0-1.1s, the same rows."""
+    if asked.raw:
+        return df
+    return consolidate(df, list(asked.data), by_time=False)
 
 
 def _read_once_by_driver(
@@ -491,7 +596,8 @@ def _read_once_by_driver(
     found: pa.Table,
     as_of: int,
     data: Sequence[str] | None,
-    stats: LookupStats | None = None,
+    stats: LookupStats | None,
+    policy: Policy,
 ) -> tuple[pa.Table, bool] | None:
     """:func:`lookup`'s read-once scan by the driver: the updates with ``_time <= as_of``
     whose key equals a row of ``found`` (distinct, NULL equal to NULL), with ``schema``'s
@@ -502,7 +608,7 @@ def _read_once_by_driver(
     whole on its first read; with the cache off (budget 0), Arrow's multi-threaded Parquet
     scan reads the row groups whose statistics admit a key. ``stats``: where to add the rows
     decoded from Parquet (``rows_scanned``) and those probed in memory (``rows_in_memory``).
-    None when a key column is not of an exact type or more than :data:`DRIVER_LOOKUP_ROWS`
+    None when a key column is not of an exact type or more than ``policy.driver_lookup_rows``
     rows match the first key column: Spark reads them."""
     types = spark_compatible_schema(schema)
     if not exact_types(from_arrow_schema(schema_of(types, key))):
@@ -512,7 +618,7 @@ def _read_once_by_driver(
     batches, rows = [], 0
     for part in _probed(files, types, found, as_of, stats, names):
         rows += part.num_rows
-        if rows > DRIVER_LOOKUP_ROWS:
+        if rows > policy.driver_lookup_rows:
             return None
         if part.num_rows:
             batches.append(part.select(names))
@@ -585,33 +691,23 @@ def _probed(
         yield table.filter(hit)
 
 
-COLD_FILE_ROWS = 50_000
-"""A file of at most this many rows that is not in the driver's memory yet counts as in
-memory for :func:`_in_memory`: decoding it whole costs less than a Spark job."""
-
-
-COLD_READ_ROWS = 24_000_000
-"""Most rows of files not in the driver's memory yet that a lookup decodes whole into its
-cache (:func:`_in_memory`), when the cache would keep them; past it, Spark reads them (the
-matching pages only). Decoded once, they are probed in memory by every later lookup, so one
-decode pays for itself after a refresh: SF3 ``lineitem``'s arrangement (18M updates, 36
-files), left to Spark's pushed-down scans, cost ``building_open_lines`` and
-``revenue_by_segment`` a 1.1s job each per refresh. The cache's budget bounds what stays."""
-
-
-def _in_memory(files: Sequence[DataFile], schema: pa.Schema) -> bool:
-    """Whether the driver holds ``files`` decoded, or can decode them now and keep them
-    (small files, or at most :data:`COLD_READ_ROWS` rows the cache has room for), so that a
-    lookup probes them in memory rather than in a Spark scan."""
+def _in_memory(files: Sequence[DataFile], schema: pa.Schema, policy: Policy) -> bool:
+    """Whether the driver holds ``files`` decoded, or can decode them now and keep them, so
+    that a lookup probes them in memory rather than in a Spark scan: a file of at most
+    ``policy.cold_file_rows`` rows counts as held (decoding it whole costs less than a Spark
+    job); the others not held yet must hold at most ``policy.cold_read_rows`` rows the cache
+    has room for (decoded once, every later lookup probes them; the cache's budget bounds
+    what stays)."""
     if FILES.budget_bytes == 0 or not files:
         return False
     types = spark_compatible_schema(schema)
     cold = [
         f
         for f in files
-        if (f.num_records or 0) > COLD_FILE_ROWS and not FILES.holds(local_path(f.uri), types)
+        if (f.num_records or 0) > policy.cold_file_rows
+        and not FILES.holds(local_path(f.uri), types)
     ]
-    return sum(f.num_records or 0 for f in cold) <= COLD_READ_ROWS and all(
+    return sum(f.num_records or 0 for f in cold) <= policy.cold_read_rows and all(
         FILES.would_keep(local_path(f.uri), types) for f in cold
     )
 
@@ -640,7 +736,7 @@ def lookup_rows(
     stats.files_opened = len(chosen)
     stats.rows_in_opened_files = sum(f.file.num_records or 0 for f in chosen)
     opened = [f.file for f in chosen]
-    if stats.rows_in_opened_files > max_rows and not _in_memory(opened, schema):
+    if stats.rows_in_opened_files > max_rows and not _in_memory(opened, schema, current()):
         return None, stats
     parts = list(_probed(opened, schema, wanted, as_of, stats))
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
@@ -662,9 +758,9 @@ def lookup_arrow(
     only the key and ``columns``, summed: ``(data..., _diff)``, no zero sums. The files are
     chosen by their ``_time`` and first key column's ranges and probed as the read-once
     lookup probes them (:func:`_read_once_by_driver`: in the driver's cache, or their
-    matching row groups). None when Spark should read them: more than
-    :data:`DRIVER_LOOKUP_ROWS` rows match the first key column, or a column is not of an
-    exact type."""
+    matching row groups). None when Spark should read them: more than the policy's
+    ``driver_lookup_rows`` rows match the first key column, or a column is not of an exact
+    type."""
     keep = None if columns is None else {*columns, *key}
     data = [c for c in schema.names if c not in (TIME, DIFF) and (keep is None or c in keep)]
     types = spark_compatible_schema(schema)
@@ -682,7 +778,7 @@ def lookup_arrow(
     chosen = [f.file for f in live if first and _may_hold(f, key[0], first)]
     st.files_opened = len(chosen)
     st.rows_in_opened_files = sum(f.num_records or 0 for f in chosen)
-    read = _read_once_by_driver(chosen, schema, key, found, as_of, data, st)
+    read = _read_once_by_driver(chosen, schema, key, found, as_of, data, st, current())
     if read is None or not read[1]:
         return None
     if stats is not None:
@@ -706,14 +802,15 @@ def distinct_rows(table: pa.Table) -> pa.Table:
     )
 
 
-def _narrowing(key: Sequence[str], rows: Sequence) -> Column | None:
-    """``c IN (...)`` for each key column after the first with few distinct values: files are
-    sorted by the whole key, so the page index can skip pages within one first-column value
-    (a group's tower buckets, a multi-column join key)."""
+def _narrowing(key: Sequence[str], rows: Sequence[tuple], policy: Policy) -> Column | None:
+    """``c IN (...)`` for each key column after the first with at most
+    ``policy.pushdown_keys`` distinct values: files are sorted by the whole key, so the page
+    index can skip pages within one first-column value (a group's tower buckets, a
+    multi-column join key)."""
     out = None
     for j, column in enumerate(key[1:], start=1):
         values = sorted({r[j] for r in rows if r[j] is not None})
-        if len(values) > PUSHDOWN_KEYS:
+        if len(values) > policy.pushdown_keys:
             continue
         col = F.col(f"`{column}`")
         cond = col.isin(values) if values else F.lit(False)
@@ -723,7 +820,7 @@ def _narrowing(key: Sequence[str], rows: Sequence) -> Column | None:
     return out
 
 
-def _may_hold(f, column: str, sorted_keys: Sequence) -> bool:
+def _may_hold(f: FileStats, column: str, sorted_keys: Sequence) -> bool:
     """Whether a file's min/max statistics on ``column`` admit one of ``sorted_keys``."""
     lo, hi = f.mins.get(column), f.maxs.get(column)
     if lo is None or hi is None:

@@ -13,7 +13,10 @@
 - A view's state at epoch ``t`` is its readable table when that table is at ``t``, otherwise
   the consolidation of its log up to ``t``.
 
-All column names are lower-cased here, the case the planner uses.
+All column names are lower-cased here, the case the planner uses. The sizes that choose a
+path (files read one by one in key order: ``ordered_max_files``; a change feed kept on the
+driver: ``keep_feed_bytes``) are the policy's (:func:`ivm.policy.current`, read at call
+time); they change who reads the updates and how, never which.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.errors import ChangeFeedError, InvariantViolation, NotOnDriver
+from ivm.policy import current
 from ops import DIFF, TIME
 from ops.declines import declined
 from ops.rows import cast_loss
@@ -141,17 +145,13 @@ def source_snapshot(
     )
 
 
-ORDERED_MAX_FILES = 64
-"""At most this many files are read one by one in key order (one scan each)."""
-
-
 def source_snapshot_in_order(
     spark: SparkSession, source: SourceTable, version: int, epoch: int, column: str
 ) -> DataFrame | None:
     """:func:`source_snapshot` with every Spark partition holding a range of ``column`` that
     the others' barely overlap, or None when the files are not laid out by ``column``
     (:func:`resources.lake.key_ordered`), it is a partition column, or there are more than
-    :data:`ORDERED_MAX_FILES` files.
+    the policy's ``ordered_max_files`` files (each is a scan of its own).
 
     Each file is its own scan (Spark would pack pieces of several files into one partition),
     and a scan splits a file into runs of whole row groups, so sorting each partition yields
@@ -161,18 +161,13 @@ def source_snapshot_in_order(
     if column in {c.lower() for c in source.partition_columns(version)}:
         return None
     files = source.files(version)
-    if not files or len(files) > ORDERED_MAX_FILES:
+    if not files or len(files) > current().ordered_max_files:
         return None
     ordered = key_ordered(files, column)
     if ordered is None:
         return None
     parts = [source_snapshot(spark, source, version, epoch, [f]) for f in ordered]
     return reduce(DataFrame.unionByName, parts)
-
-
-# A change feed up to this size stays on the driver for the refresh (besides its copy in
-# Spark), so each view can ask whether the change touches the columns it reads.
-KEEP_FEED_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -182,7 +177,8 @@ class _Changes:
     DataFrame, made on first demand (deciding to recompute needs only the number).
 
     ``feed`` is the change feed itself (column names lower-cased) when it is small enough to
-    keep (:data:`KEEP_FEED_BYTES`): :meth:`cancels_on` answers from it without Spark, and
+    keep (the policy's ``keep_feed_bytes``; it stays on the driver for the refresh besides
+    its copy in Spark): :meth:`cancels_on` answers from it without Spark, and
     :meth:`frame` gives each reader the feed summed on the columns it reads (``project`` turns
     such a table into updates at the range's epoch)."""
 
@@ -354,7 +350,7 @@ def source_changes(
             appended=(added, schema, partitions),
         )
     changes = source.changes(lower, upper).drop_columns(["_commit_version"])
-    if changes.nbytes > KEEP_FEED_BYTES:
+    if changes.nbytes > current().keep_feed_bytes:
         return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)))
 
     def projected(net: pa.Table) -> DataFrame:
@@ -536,11 +532,13 @@ def view_changes_by_driver(
 
 
 def view_changes_arrow(
-    log_uri: str, schema: pa.Schema, lo: int, hi: int, max_bytes: int = KEEP_FEED_BYTES
+    log_uri: str, schema: pa.Schema, lo: int, hi: int, max_bytes: int | None = None
 ) -> pa.Table | None:
     """A view's updates with ``lo < _time <= hi`` read from its diff log (of ``schema``) by
     the driver, as the log stores them: ``(columns..., _time, _diff)``; None once they hold
-    more than ``max_bytes``."""
+    more than ``max_bytes`` (default: the policy's ``keep_feed_bytes``)."""
+    if max_bytes is None:
+        max_bytes = current().keep_feed_bytes
     columns = [n for n in schema.names if n not in (TIME, DIFF)]
     files = _log_stats_between(log_uri, lo, hi)
     if not files:

@@ -15,6 +15,9 @@ match counts (:func:`_anti_delta`): the changed rows checked at the new time, pl
 rows of keys whose count in the other input crossed zero; counts and rows come from the
 same shared arrangements, at the old and new times.
 
+Filters, maps and residual predicates reach Spark as :func:`ops.expressions.spark_sql` text;
+:mod:`ops.stateless` dispatches joins here, and this module does not import it back.
+
 Contract in ``(data, time, diff)`` terms: ``render_join_delta(old, new)`` returns exactly
 ``J(new) - J(old)`` for the join ``J``, as updates at time ``new``, given the inputs' updates
 in ``(old, new]`` and arrangements readable at ``old`` and ``new``.
@@ -32,9 +35,10 @@ from pyspark.sql import functions as F
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import ArrangementKey, LookupStage, plan_paths, shared_lookups
+from ivm.plan.reduce import GLOBAL_KEY, StateTable, state_tables
 from ops import DIFF, TIME
+from ops.expressions import spark_sql
 from ops.reduce import StateStore, materialize
-from ops.stateless import spark_sql
 
 
 class Lookup(Protocol):
@@ -286,10 +290,8 @@ def _anti_delta(
     return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
 
 
-def not_in_table(join: SemiJoin):
+def not_in_table(join: SemiJoin) -> StateTable:
     """The state of ``x NOT IN (subquery)``: the subquery's row and NULL-key counts."""
-    from ivm.plan.reduce import state_tables
-
     return next(t for t in state_tables(join) if t.name == f"{join.label}.not_in")
 
 
@@ -308,8 +310,6 @@ def render_not_in(
     While that mode holds the change is proportional; when it flips (the subquery empties,
     gains or loses its last NULL) the result is recomputed from the inputs' states.
     """
-    from ivm.plan.reduce import GLOBAL_KEY
-
     old, new = store.old, store.new
     (mine, theirs) = join.keys[0]
     other = prepare(join.other, deltas[join.other.get.collection])

@@ -1,8 +1,9 @@
 """A small change's stateless plan computed by the driver, in Arrow, exactly as Spark would.
 
-Owns the evaluation of IR expressions (sqlglot, as :mod:`ops.stateless` hands them to Spark)
-over Arrow tables of updates, with Spark SQL's semantics, and the rendering of
-``Get``/``Filter``/``Project``/``UnionAll`` on such tables.
+Owns the evaluation of IR expressions (sqlglot, as :func:`ops.expressions.spark_sql` hands them
+to Spark) over Arrow tables of updates, with Spark SQL's semantics, and the rendering of
+``Get``/``Filter``/``Project``/``UnionAll`` on such tables. Whether the engine uses it at all
+is :attr:`ivm.policy.Policy.driver`.
 
 Contract in ``(data, time, diff)`` terms, the same as :func:`ops.stateless.render`'s: each
 update ``(d, t, r)`` becomes ``(f(d), t, r)`` or is dropped, and given the same input updates
@@ -62,14 +63,10 @@ from ivm.plan.ir import (
 )
 from ivm.plan.join import LookupStage, plan_paths, shared_lookups
 from ops import DIFF, TIME
-from ops.stateless import spark_sql
+from ops.expressions import spark_sql
 
 Value = pa.Array | pa.ChunkedArray | pa.Scalar
 
-DRIVER_VIEWS = True
-"""Whether the engine has the driver compute small changes (here and in
-:mod:`ops.local_reduce`, with the driver's writes, :data:`ops.sink.DRIVER_WRITE`); off,
-Spark computes every view."""
 
 _INTEGRAL_DIGITS: dict[type, int] = {
     T.ByteType: 3,
@@ -132,8 +129,8 @@ _TYPES_SAVED: dict[str, int] = {}  # per lake, how many entries its record held 
 TYPES_RECORD = "_ivm/expression_types.json"
 """Where under the lake root the driver keeps Spark's expression types between processes
 (:func:`load_types`, :func:`save_types`): each Dagster run is a process of its own, and
-analysing a refresh's expressions costs it 0.5-0.8s of Spark planning (SF1, the benchmark's
-views: 2.78s serial for the first refresh of a process, 1.73s for the next)."""
+would otherwise pay Spark's analysis of every expression again (BENCHMARKS.md, "Policy
+thresholds: arrangements and lookups")."""
 
 _TYPING_SETTINGS = (
     "spark.sql.ansi.enabled",

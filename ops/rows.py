@@ -8,7 +8,10 @@ file stored sorted by them (an arrangement's, a state table's) by binary search,
 proportional to the keys and the rows found, not to the file. Neither reads time or diff:
 callers filter, sum or check those. :func:`cast_loss` says, from the types alone, whether rows
 convert to another schema without losing or refusing a value (so the driver decides before it
-writes anything whether it holds them as Spark would).
+writes anything whether it holds them as Spark would). How early matching and searching
+narrow the rows are the policy's ``prefilter_rows``, ``narrow_enough_rows`` and
+``narrow_enough_per_key`` (:func:`ivm.policy.current`, read at call time): they change the
+work done, never the rows found.
 """
 
 from __future__ import annotations
@@ -22,20 +25,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ivm.policy import current
+
 
 def null_safe_matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
     """Every pair ``(_row, _key)`` of a row of ``rows`` and a row of ``keys`` whose
     ``columns`` are equal, NULL equal to NULL, as positions (int64), ordered by ``_row``.
 
     Arrow's joins never match NULLs, so each column is compared as (is null, value with NULLs
-    filled by one value both sides share).
+    filled by one value both sides share). Past the policy's ``prefilter_rows`` rows, the
+    rows whose first column holds one of the keys' values (a hash lookup per row) are kept
+    first, and only those joined.
 
     >>> a = pa.table({"k": [1, None, 2, None]})
     >>> null_safe_matches(a, pa.table({"k": [None, 2]}), ["k"]).to_pydict()
     {'_row': [1, 2, 3], '_key': [0, 1, 0]}
     """
     positions = None
-    if rows.num_rows > PREFILTER_ROWS and keys.num_rows:
+    if rows.num_rows > current().prefilter_rows and keys.num_rows:
         # the rows whose first column is among the keys' only
         first = keys.column(columns[0])
         hit = pc.is_in(rows.column(columns[0]), value_set=pc.unique(first), skip_nulls=True)
@@ -47,12 +54,6 @@ def null_safe_matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) ->
     if positions is None:
         return pairs
     return pa.table({"_row": positions.take(pairs.column("_row")), "_key": pairs.column("_key")})
-
-
-PREFILTER_ROWS = 10_000
-"""Past this many ``rows``, :func:`null_safe_matches` first keeps the rows whose first column
-holds one of the keys' values (a hash lookup per row), and joins those only. A 1M-row view
-file against 1,500 deleted rows: 0.22s joined whole, 0.01s for the first column's test."""
 
 
 def _pairs(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
@@ -83,13 +84,6 @@ def semi_join_null_safe(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) 
     return rows.take(pc.unique(null_safe_matches(rows, keys, columns).column("_row")))
 
 
-NARROW_ENOUGH_ROWS = 4_096
-NARROW_ENOUGH_PER_KEY = 4
-""":meth:`SortedKey.positions` stops descending into the key's next column once the rows
-left are at most :data:`NARROW_ENOUGH_ROWS`, or this many per wanted key: the caller's test
-of every key column on so few rows costs less than another level of searches."""
-
-
 @dataclass(frozen=True)
 class SortedKey:
     """Key columns stored in ascending order, each with its NULLs first within equal values
@@ -118,14 +112,18 @@ class SortedKey:
     def positions(self, wanted: pa.Table) -> np.ndarray:
         """Ascending positions (int64) of a superset of the rows whose key equals a row of
         ``wanted`` (its columns in the key's order, NULL equal to NULL): exact in the
-        columns searched, which stop once few rows are left (:data:`NARROW_ENOUGH_ROWS`)."""
+        columns searched, which stop once few rows are left: at most the policy's
+        ``narrow_enough_rows``, or ``narrow_enough_per_key`` per wanted key (the caller's
+        test of every key column on so few rows costs less than another level of
+        searches)."""
+        policy = current()
         n = len(self.columns[0])
         wanted = self._in_range(wanted)
         alive = np.arange(wanted.num_rows)  # the wanted keys whose range is not empty
         lo = np.zeros(wanted.num_rows, dtype=np.int64)
         hi = np.full(wanted.num_rows, n, dtype=np.int64)
         for j, column in enumerate(self.columns):
-            enough = max(NARROW_ENOUGH_ROWS, NARROW_ENOUGH_PER_KEY * len(lo))
+            enough = max(policy.narrow_enough_rows, policy.narrow_enough_per_key * len(lo))
             if not len(lo) or _spanned(lo, hi) <= enough:
                 break
             values = wanted.column(j).combine_chunks().cast(column.type)
@@ -146,8 +144,8 @@ class SortedKey:
     def _in_range(self, wanted: pa.Table) -> pa.Table:
         """The rows of ``wanted`` whose first column lies within the first key column's
         range here (NULL: if the file holds NULLs there), cheaply: a lookup hands every file
-        of an arrangement all its keys (SF3 ``lineitem``: thousands of order keys, 42 files
-        of disjoint ranges), and each file's searches then cost its own keys only."""
+        of an arrangement all its keys (thousands, over files of disjoint ranges), and each
+        file's searches then cost its own keys only."""
         first = self.columns[0]
         nulls = first.null_count
         if wanted.num_rows < 2 or len(first) == nulls:

@@ -1,9 +1,17 @@
 """Rendering of plan nodes on update DataFrames: the stateless ones here, joins in ops.join.
 
-Each node is linear (see :mod:`ivm.plan.ir`), so it is applied to the updates directly: rows
-are mapped or dropped and ``_time``/``_diff`` are carried through untouched. The same function
-renders the from-scratch evaluation (inputs = snapshots with ``_diff = +1``) and the
-incremental one (inputs = the epoch's updates): one code path, two uses.
+Owns Spark's rendering of Get/Filter/Project/UnionAll and the dispatch of the rest: a join to
+the renderer the caller gives (delta paths, :func:`ops.join.render_join_delta`), by default
+from scratch (:func:`ops.join.render_join_snapshot`); a Reduce, SetOp or TopK to the caller's
+stateful renderer (:mod:`ops.reduce`). The expressions' Spark SQL text comes from
+:mod:`ops.expressions`, which :mod:`ops.join` shares: this module imports the join renderer,
+never the reverse.
+
+Contract in ``(data, time, diff)`` terms: each node is linear (see :mod:`ivm.plan.ir`), so it
+is applied to the updates directly: an update ``(d, t, r)`` becomes ``(f(d), t, r)`` or is
+dropped, ``t`` and ``r`` carried through untouched. The same function renders the
+from-scratch evaluation (inputs = snapshots with ``_diff = +1``) and the incremental one
+(inputs = the epoch's updates): one code path, two uses.
 
 Spark's failures evaluating an expression on some row (an overflow, a division by zero, text
 that is not a number: ANSI mode's errors) are recognised by :func:`evaluation_error`, so the
@@ -18,12 +26,12 @@ from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from sqlglot import exp
 
 from ivm.errors import EvaluationError, InvariantViolation
 from ivm.plan.ir import STATEFUL, Filter, Get, Join, Node, Project, SemiJoin, UnionAll
-from ivm.sql.parse import DIALECT
 from ops import DIFF, TIME
+from ops.expressions import spark_sql
+from ops.join import render_join_snapshot
 
 _EVALUATION_CONDITIONS = {
     "ARITHMETIC_OVERFLOW": "overflow",
@@ -66,11 +74,6 @@ def _fragment(text: str) -> str | None:
     return None
 
 
-def spark_sql(e: exp.Expression) -> str:
-    """An IR expression as Spark SQL text, every identifier quoted."""
-    return e.sql(dialect=DIALECT, identify=True)
-
-
 JoinRenderer = Callable[[Join | SemiJoin, Mapping[str, DataFrame]], DataFrame]
 StatefulRenderer = Callable[[Node, list[DataFrame]], DataFrame]
 
@@ -95,8 +98,6 @@ def render(
         DataFrame ``(node.columns..., _time, _diff)``.
     """
     if isinstance(node, (Join, SemiJoin)):
-        from ops.join import render_join_snapshot
-
         return join(node, inputs) if join is not None else render_join_snapshot(node, inputs)
     if isinstance(node, STATEFUL):
         if stateful is None:

@@ -1,19 +1,18 @@
-"""The class-data archive that shortens the start of this process's Spark JVM.
+"""Recording the class-data archive that shortens the start of a Spark JVM.
 
-A Spark JVM spends most of its start loading and verifying the same few thousand classes
+A Spark JVM spends much of its start loading and verifying the same few thousand classes
 (Scala's, Spark's, Parquet's) from the jars. Java's class-data sharing (AppCDS, JDK 13+) maps
-them instead from an archive one JVM recorded: here 4.8-5.9s to a session and 2.4-2.9s to its
-first job, against 2.9-3.8s and 1.3-2.0s from the archive (``/tmp/s17/jvm.py`` in issue 6's
-notes). Every fresh process pays that start: ``ivm refresh``, a Dagster run started by the
-sensor, ``ivm spark-server``.
+them instead from an archive that one JVM recorded. Every fresh process pays that start:
+``ivm refresh``, a Dagster run started by the sensor, ``ivm spark-server``.
 
-:func:`record` writes the archive once (``./dev`` does after installing, through
-``python -m resources.classes``, about 35s here): a separate JVM runs
-a little of everything the engine asks of Spark (Parquet written and read, a shuffle, a join,
-generated code), then dumps what it loaded. :func:`java_options` hands later JVMs the archive
-when there is one for their Java, PySpark and class path (a JVM that cannot use it starts as
-without it: ``-Xshare:auto``, quietly); it never records one itself, so no user run pays the
-recording. ``IVM_SPARK_CLASS_ARCHIVE`` names another folder for the archives, or ``off``.
+This module records the archive: :func:`record`, run once by ``./dev`` after installing
+(``python -m resources.classes``), starts a separate JVM that does a little of everything the
+engine asks of Spark (Parquet written and read, a shuffle, a join, generated code) and dumps
+what it loaded. Where archives live, which one fits a JVM and the options that map it belong
+to :mod:`resources.spark` (:func:`~resources.spark.archive_path`,
+:func:`~resources.spark.class_archive_options`), which hands later JVMs the archive when one
+fits; no user run ever records one. ``IVM_SPARK_CLASS_ARCHIVE`` names another folder for the
+archives, or ``off``.
 
 Contract in ``(data, time, diff)`` terms: none; the archive only changes how fast a JVM starts,
 never what it computes.
@@ -21,67 +20,24 @@ never what it computes.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-ARCHIVE_ENV = "IVM_SPARK_CLASS_ARCHIVE"
-"""Where the archives are kept (a folder), or ``off``; by default ``$XDG_CACHE_HOME/ivm``
-(``~/.cache/ivm``)."""
+from pyspark import SparkContext
+from pyspark.sql import functions as F
 
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-"""No JVM warnings about an archive it cannot use (it then starts as without one)."""
-
-CLASS_PATH_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
-"""Settings that change the driver's class path, and so which archive fits it."""
-
-
-def java_path() -> str | None:
-    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on the PATH."""
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    return java if java and os.path.exists(java) else None
-
-
-def archive_dir() -> Path | None:
-    """The folder of the archives (:data:`ARCHIVE_ENV`); None when switched off."""
-    chosen = os.environ.get(ARCHIVE_ENV, "")
-    if chosen.lower() == "off":
-        return None
-    if chosen:
-        return Path(chosen)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "ivm"
-
-
-def archive_path(conf: Mapping[str, str] | None = None) -> Path | None:
-    """The archive that fits a JVM started with ``conf``: one per Java installation (its
-    resolved path, size and time), PySpark version and class-path settings. None when
-    switched off or no Java is found."""
-    folder, java = archive_dir(), java_path()
-    if folder is None or java is None:
-        return None
-    import pyspark
-
-    real = os.path.realpath(java)
-    st = os.stat(real)
-    parts = [real, str(st.st_size), str(st.st_mtime_ns), pyspark.__version__]
-    parts += [f"{k}={(conf or {}).get(k, '')}" for k in CLASS_PATH_SETTINGS]
-    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return folder / f"spark-{pyspark.__version__}-{digest}.jsa"
-
-
-def java_options(conf: Mapping[str, str] | None = None) -> str:
-    """The driver JVM options that map the archive fitting ``conf``, if recorded (else "")."""
-    path = archive_path(conf)
-    if path is None or not path.is_file():
-        return ""
-    return f"-XX:SharedArchiveFile={path} -Xshare:auto {QUIET}"
+from resources.spark import (
+    ARCHIVE_ENV,
+    ARCHIVE_QUIET,
+    archive_path,
+    check_java,
+    get_spark,
+    spark_conf,
+)
 
 
 def record(conf: Mapping[str, str] | None = None, timeout: float = 600.0) -> Path | None:
@@ -119,14 +75,13 @@ def _recording_run(temporary: str) -> None:
     """In the recording process: a session whose JVM dumps its classes into ``temporary``
     at exit, a little of every kind of work the engine gives Spark, then the JVM's exit,
     awaited so that the dump is complete when this process ends."""
-    from pyspark import SparkContext
-    from pyspark.sql import functions as F
-
-    from resources.spark import get_spark, spark_conf
-
     options = spark_conf().get("spark.driver.extraJavaOptions", "")
     spark = get_spark(
-        {"spark.driver.extraJavaOptions": f"{options} -XX:ArchiveClassesAtExit={temporary} {QUIET}"}
+        {
+            "spark.driver.extraJavaOptions": (
+                f"{options} -XX:ArchiveClassesAtExit={temporary} {ARCHIVE_QUIET}"
+            )
+        }
     )
     with tempfile.TemporaryDirectory() as folder:
         df = spark.range(20_000).select(
@@ -160,8 +115,6 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: python -m resources.classes", file=sys.stderr)
         return 2
-    from resources.spark import check_java
-
     check_java()
     path = archive_path()
     if path is None:

@@ -3,32 +3,26 @@
 A Delta table changes by adding and removing whole files; a data file itself is never
 rewritten. So the rows of a file, decoded once, stay its rows: a lookup that probes an
 arrangement or a state table (``ops.arrange``) finds its keys in memory, in time proportional
-to the keys, instead of decoding Parquet pages that mostly hold other keys. This is how
-Materialize keeps its shared arrangements (in memory, indexed by key); here memory is a cache
-in front of the Delta tables, which stay the durable, shared copy. The driver's rewrites of a
-readable table (``ops.sink``, copy on write) read their files here too, and hand over the
-files they write (:meth:`FileCache.put`): the next rewrite decodes nothing.
+to the keys, instead of decoding Parquet pages that mostly hold other keys. The Delta tables
+stay the durable, shared copy. The driver's rewrites of a readable table (``ops.sink``) read
+their files here too, and hand over the files they write (:meth:`FileCache.put`).
 
 Contract in ``(data, time, diff)`` terms: :meth:`FileCache.read` returns exactly the updates
 ``(columns..., _time, _diff)`` stored in the file, with the schema asked, whether they come
 from memory or from disk. An entry is keyed by the file's path, its size and modification
 time, and the schema: a file that a tool rewrote in place is read again, never served stale.
 
-What stays: a lookup tells the cache which files its table has now (:meth:`FileCache.keep_only`),
-so the files a compaction removed leave at once (compaction tells it too); a rewrite's commit
-drops the files it replaced (:meth:`FileCache.discard`). A file that does not fit in what is
-left of the budget displaces only entries idle for :data:`IDLE_SECONDS` (least recently read
-first);
-otherwise it is returned without being kept. So a working set larger than the budget keeps
-the part that fits and decodes the rest each time, instead of evicting, in a cycle, each
-file just before it is read again (least-recently-used's worst case); a file it could not
-keep, it says so (:meth:`FileCache.would_keep`), and lookups then read that file's matching
-row groups only, as with no cache. A budget of 0 keeps nothing.
+What stays: a lookup tells the cache which files its table has now (:meth:`FileCache.keep_only`)
+and a rewrite's commit drops the files it replaced (:meth:`FileCache.discard`). A file that
+does not fit in what is left of the budget displaces only entries idle for
+:data:`IDLE_SECONDS` (least recently read first); otherwise it is returned without being kept
+(:meth:`FileCache.would_keep` says so, and lookups then read its matching row groups only). So
+a working set larger than the budget keeps the part that fits instead of evicting, in a cycle,
+each file just before it is read again. A budget of 0 keeps nothing.
 
-The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`): one cache
-serves every view and engine of the process, as one Spark session does. It is set once
-(:meth:`FileCache.configure`): the first project opened in the process sets it; a later one
-asking for another budget is warned (:class:`CacheBudgetWarning`) and shares the first's.
+The budget is the process's (``[refresh] cache_mb``, :data:`DEFAULT_BUDGET_MB`), set once by
+the first project opened (:meth:`FileCache.configure`); a later one asking for another budget
+is warned (:class:`CacheBudgetWarning`) and shares the first's.
 """
 
 from __future__ import annotations
@@ -81,11 +75,7 @@ def default_budget_mb(memory: int | None) -> int:
 
 DEFAULT_BUDGET_MB = default_budget_mb(memory_bytes())
 """Memory the cache may hold when ``[refresh] cache_mb`` is not set: a quarter of the
-machine's (or container's) memory, at most 8 GiB (6 GiB on the bench's 24 GiB machine).
-Decoded, SF1's arrangements and state (the bench's TPC-H views) take about 770 MiB, SF3's
-about 2.2 GiB, 1.6 GiB of it ``lineitem``'s arrangement (its decimals take 16 bytes each);
-with a 2 GiB budget SF3's DISTINCT counts did not fit and a Spark scan read them each refresh
-(1.5s of ``revenue_by_segment``'s 3.1-4.7s)."""
+machine's (or container's) memory, at most 8 GiB (:func:`default_budget_mb`)."""
 
 IDLE_SECONDS = 6 * 3600.0
 """An entry not read for this long may make room for another file (see the module)."""
@@ -324,10 +314,7 @@ def _decode(path: str, schema: pa.Schema) -> pa.Table:
     """The file's ``schema`` columns, one contiguous chunk per column (a row's values are
     found by position: :class:`ops.rows.SortedKey`, ``take``). ``ParquetFile.read`` decodes
     each column straight into one chunk; Arrow's dataset scan (``pq.read_table``) hands over
-    batches of 128Ki rows that must then be concatenated, a second copy of every byte: SF3
-    ``lineitem``'s arrangement (18.6M rows, 42 files, 1.6 GiB decoded) 1.7s this way against
-    2.8-6.8s, most of the difference system time faulting in the copy's pages
-    (``/tmp/s17/dc.py`` in issue 6's notes)."""
+    batches of 128Ki rows that must then be concatenated, a second copy of every byte."""
     with pq.ParquetFile(path) as file:
         table = file.read(columns=schema.names)
     return table.select(schema.names).cast(schema).combine_chunks()

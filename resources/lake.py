@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,6 +63,7 @@ from ivm.errors import (
     SourceError,
     SourceNotFoundError,
 )
+from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
 
 STATS_STRING_PREFIX = 32
 """String min/max stats keep at most this many characters (as Delta writers do)."""
@@ -379,8 +381,6 @@ class SourceTable:
             ) from e
         raw = spark_compatible(raw)
         kinds = raw.column("_change_type")
-        import pyarrow.compute as pc
-
         plus = pc.or_(pc.equal(kinds, "insert"), pc.equal(kinds, "update_postimage"))
         diff = pc.if_else(plus, pa.scalar(1, pa.int64()), pa.scalar(-1, pa.int64()))
         keep = [c for c in raw.column_names if not c.startswith("_")]
@@ -432,8 +432,6 @@ def _data_files(dt: DeltaTable) -> list[DataFile]:
 def _join_uri(root: str, path: str) -> str:
     if "://" in path or path.startswith("/"):
         return path
-    from urllib.parse import unquote
-
     return f"{root}/{unquote(path)}"
 
 
@@ -698,8 +696,6 @@ def stage_arrow(
     no Arrow schema in the footer, timestamps as Spark hands them over: microseconds, UTC):
     readers cannot tell the two apart. Returns the file's local path (None on a remote
     filesystem)."""
-    from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
-
     fs, base = _fs(staged_uri)
     fs.create_dir(base, recursive=True)
     path = f"{base}/part-00000-{uuid.uuid4()}-c000.{PARQUET_CODEC}.parquet"
@@ -736,12 +732,8 @@ def column_encodings(table: pa.Table) -> tuple[list[str], list[str]]:
     :data:`DICTIONARY_SAMPLE_ROWS` rows hold few distinct values (at most one in eight) gets
     a dictionary, as Spark's writer would keep one; the others are written plain (those
     stored as integers as deltas: :func:`_stored_as_integers`) rather than trying a
-    dictionary and falling back. A rewrite of SF3 ``open_orders`` (2.2M rows, two integer
-    columns, a decimal, a date, a string): 0.40s and 22 MiB with a dictionary tried on
-    every column, 0.21-0.25s and 17-18 MiB with integers as deltas (``/tmp/s16/w3.py`` in
-    issue 6's notes); its decimal as deltas too 0.058s against 0.088s plain (6.9 against
-    7.6 MiB), its date 0.027s against 0.045s (3.1 against 3.8 MiB; ``/tmp/s18/enc3.py``).
-    """
+    dictionary and falling back: smaller files, written faster (BENCHMARKS.md, "Moved from
+    docstrings: resources")."""
     dictionary: list[str] = []
     delta: list[str] = []
     sample = table.slice(0, DICTIONARY_SAMPLE_ROWS)
@@ -841,8 +833,7 @@ TABLE_CONFIGURATION: Mapping[str, str] = {"delta.checkpointInterval": "10"}
 writers default to 100): opening a table replays the JSON commits after its last checkpoint,
 every view's log and table, arrangement and state table takes one commit per epoch, and a
 refresh opens each table a few times, so without it the refresh's cost grew with the epochs
-behind it. SF1's ``open_orders`` table after 46 epochs: 15.1ms an open without a checkpoint,
-6.4ms with one (medians of 15)."""
+behind it."""
 
 
 def _version_after_commit(dt: DeltaTable | None) -> int:

@@ -1,34 +1,39 @@
-"""The Spark session: its settings, creation, the Java check that precedes it, the job
-groups that label a thread's Spark jobs (:class:`JobGroup`), and the warm Spark Connect server
-(:func:`serve`).
+"""The Spark session: its settings, its creation and the Java check that precedes it, the
+class-data archive its JVM maps, the job groups that label a thread's Spark jobs
+(:class:`JobGroup`), and the warm Spark Connect server (:func:`serve`).
 
-Owns every Spark setting the engine relies on. The engine holds one session per process; tests
-share one per run; Dagster steps receive it through dagster-pyspark's resource, built from
-:func:`spark_conf` so that ``ivm refresh`` and a Dagster run compute on identical settings.
-
-A session is either *classic* (a JVM started in this process) or a *Spark Connect* client of a
-long-lived server (``spark.remote`` in the project's ``[spark]`` table, or PySpark's
-``SPARK_REMOTE``), which :func:`serve` runs with the same settings: a Dagster run, started in
-a fresh process, then computes on a warm JVM instead of starting and warming up its own.
+Owns every Spark setting the engine relies on (:func:`spark_conf`); ``ivm refresh``, the tests
+and Dagster's resource all build their session from it, so they compute on identical settings.
+A session is either *classic* (a JVM started in this process, which maps the class-data
+archive :mod:`resources.classes` recorded, when one fits) or a *Spark Connect* client of a
+long-lived server (``spark.remote`` in ``[spark]``, or PySpark's ``SPARK_REMOTE``) that
+:func:`serve` runs with the same settings.
 
 Contract in ``(data, time, diff)`` terms: none; settings only change how updates are computed
-(e.g. UTC session time zone and microsecond Parquet timestamps keep timestamps exact), and job
-groups only name and count the jobs that compute them.
+(e.g. UTC session time zone and microsecond Parquet timestamps keep timestamps exact), the
+archive only how fast a JVM starts, and job groups only name and count the jobs.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import itertools
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlparse
 
 from ivm.errors import IvmError
-from resources.classes import java_options as class_archive_options
-from resources.classes import java_path
+
+# PySpark (and its Py4J) is imported inside the functions that start or use a session: every
+# `ivm` command imports this module, `show`, `explain` and `status` never start Spark, and
+# importing PySpark would lengthen their start.
 
 LOG4J_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
 
@@ -51,6 +56,15 @@ REMOTE = "spark.remote"
 """The setting (or PySpark's ``SPARK_REMOTE`` variable) naming a Spark Connect server."""
 DEFAULT_CONNECT_PORT = 15002
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+
+# -- Java ------------------------------------------------------------------------------------
+
+
+def java_path() -> str | None:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java``, else the one on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    return java if java and os.path.exists(java) else None
 
 
 def java_major_version() -> int | None:
@@ -78,6 +92,58 @@ def check_java() -> None:
         raise JavaMissingError(f"Java {major} found. {JAVA_HELP}")
 
 
+# -- the class-data archive a driver JVM maps ------------------------------------------------
+
+ARCHIVE_ENV = "IVM_SPARK_CLASS_ARCHIVE"
+"""Where the archives are kept (a folder), or ``off``; by default ``$XDG_CACHE_HOME/ivm``
+(``~/.cache/ivm``)."""
+
+ARCHIVE_QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+"""No JVM warnings about an archive it cannot use (it then starts as without one)."""
+
+CLASS_PATH_SETTINGS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+"""Settings that change the driver's class path, and so which archive fits it."""
+
+
+def archive_dir() -> Path | None:
+    """The folder of the archives (:data:`ARCHIVE_ENV`); None when switched off."""
+    chosen = os.environ.get(ARCHIVE_ENV, "")
+    if chosen.lower() == "off":
+        return None
+    if chosen:
+        return Path(chosen)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "ivm"
+
+
+def archive_path(conf: Mapping[str, str] | None = None) -> Path | None:
+    """The archive that fits a JVM started with ``conf``: one per Java installation (its
+    resolved path, size and time), PySpark version and class-path settings. None when
+    switched off or no Java is found."""
+    folder, java = archive_dir(), java_path()
+    if folder is None or java is None:
+        return None
+    import pyspark  # lazy: see the imports
+
+    real = os.path.realpath(java)
+    st = os.stat(real)
+    parts = [real, str(st.st_size), str(st.st_mtime_ns), pyspark.__version__]
+    parts += [f"{k}={(conf or {}).get(k, '')}" for k in CLASS_PATH_SETTINGS]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return folder / f"spark-{pyspark.__version__}-{digest}.jsa"
+
+
+def class_archive_options(conf: Mapping[str, str] | None = None) -> str:
+    """The driver JVM options that map the archive fitting ``conf``, if recorded (else ""):
+    ``-Xshare:auto``, so a JVM that cannot use it starts as without it, quietly."""
+    path = archive_path(conf)
+    if path is None or not path.is_file():
+        return ""
+    return f"-XX:SharedArchiveFile={path} -Xshare:auto {ARCHIVE_QUIET}"
+
+
+# -- settings --------------------------------------------------------------------------------
+
 PARQUET_CODEC = "zstd"
 ZSTD_LEVEL = 1
 """How every Parquet file of the lake is compressed, by Spark's writers and by the driver's
@@ -89,7 +155,10 @@ OPTIMIZER_EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
 
 
 def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The Spark settings of the engine, with a project's ``[spark]`` overrides applied."""
+    """The Spark settings of the engine, with a project's ``[spark]`` overrides applied.
+
+    A setting that departs from Spark's default says why; the measurements behind them are in
+    BENCHMARKS.md ("Moved from docstrings: resources")."""
     conf = {
         "spark.master": "local[*]",
         "spark.app.name": "ivm",
@@ -101,12 +170,11 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.default.parallelism": "4",
         "spark.locality.wait": "0",
         "spark.sql.adaptive.enabled": "true",
-        # Exact, portable Parquet: UTC, INT64 microsecond timestamps, zstd.
+        # Exact, portable Parquet: UTC, INT64 microsecond timestamps, zstd at level 1
+        # (Parquet's default is 3: files barely larger, written faster).
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.parquet.compression.codec": PARQUET_CODEC,
-        # zstd level 1 (Parquet's default is 3): files within 3% of the size, written 13%
-        # faster (SF1 lineitem's arrangement, 6M rows: 6.9-7.2s -> 6.1s, alternated runs).
         "spark.hadoop.parquet.compression.codec.zstd.level": str(ZSTD_LEVEL),
         "spark.sql.files.maxRecordsPerFile": "2000000",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -117,46 +185,25 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.sql.parquet.pushdown.inFilterThreshold": "400",
         # No runtime Bloom filters: on a lookup (a small change joined with an arrangement)
         # Spark built one by scanning the whole arrangement to prune the small side, a second
-        # full read per join (SF1, revenue_by_segment's refresh: 17.4s -> 11.7s, batches
-        # alternated in one session). The bench's Spark full recompute runs with Spark's
-        # default (see bench.__main__.spark_full_recompute).
+        # full read per join. The bench's Spark full recompute runs with Spark's default (see
+        # bench.__main__.spark_full_recompute).
         RUNTIME_BLOOM_FILTER: "false",
         # No folding of projections and filters over local relations at planning time: a
         # change read from a change feed, and the keys of a lookup, come to Spark from Arrow
-        # as local relations, and every plan that reads them was re-evaluated row by row,
-        # interpreted, on the driver's planning thread (10% of the JVM's CPU in a SF1 refresh,
-        # JFR). Without the rule the same expressions run compiled in the plan's tasks:
-        # SF1, sequential refresh of the demo's views, 0.1% change, alternated runs:
-        # 28.7s -> 25.0-26.0s.
+        # as local relations, and the rule evaluated every plan that reads them row by row,
+        # interpreted, on the driver's planning thread. Without it the same expressions run
+        # compiled in the plan's tasks.
         OPTIMIZER_EXCLUDED_RULES: "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation",
         # Keep the code Spark generates and compiles for a plan: a refresh runs the same few
         # hundred plans every epoch, and the default cache (100 classes) evicted them before
-        # they came back (SF1, sequential refresh of the demo's views: 790 -> 122 Janino
-        # compilations per refresh, counted by Spark's CodegenMetrics; 43.5-46.4s -> 38.0-40.0s).
+        # they came back.
         "spark.sql.codegen.cache.maxEntries": "4000",
         # No Python call sites in DataFrame error contexts: with it on (Spark 4's default),
         # every Column function and DataFrame method first asks the JVM for the active
-        # session, a setting, and sets and clears the call site: `F.col("a") + F.lit(1)` made
-        # 30 Py4J round trips instead of 7 (tests/test_spark.py counts them). SF1, sequential
-        # refresh of the demo's views, alternated in one session: 50.7-59.0s against
-        # 60.6-79.5s. The engine's own errors name the view, table and column.
+        # session and a setting, and sets and clears the call site (tests/test_spark.py counts
+        # the Py4J round trips). The engine's own errors name the view, table and column.
         DATAFRAME_DEBUGGING: "false",
-        # Errors only from the JVM (Spark's startup WARN lines say nothing a user can act on).
-        # The throughput collector rather than G1: batch work that pauses no one. SF1, whole
-        # builds from nothing (4 views at once) and Spark recomputing every view, rounds 2-4
-        # of a warm session, two sessions per collector: builds 24.7-27.8s against
-        # 27.7-30.9s, JVM CPU 45-52s against 51-58s; Spark full 12.6-15.0s against
-        # 14.4-16.0s; refreshes after 0.1% batches within the noise (16.3-19.7s against
-        # 16.7-19.7s). Both ways gain alike: the bench's ratios do not move.
-        # Classes mapped from the archive ./dev records, when there is one (resources.classes).
-        "spark.driver.extraJavaOptions": " ".join(
-            o
-            for o in (
-                f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -XX:+UseParallelGC",
-                class_archive_options(overrides),
-            )
-            if o
-        ),
+        "spark.driver.extraJavaOptions": _driver_java_options(overrides),
     }
     conf.update(overrides or {})
     if conf["spark.master"].startswith("local") and "spark.pyspark.python" not in conf:
@@ -176,6 +223,15 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
 
 _STATIC_SQL = frozenset({"spark.sql.codegen.cache.maxEntries"})
 """Settings of :func:`spark_conf` fixed when the JVM starts (a client cannot set them)."""
+
+
+def _driver_java_options(overrides: Mapping[str, str] | None) -> str:
+    """The driver JVM's options: errors only from its log (Spark's startup WARN lines say
+    nothing a user can act on), the throughput collector rather than G1 (batch work that
+    pauses no one), and the class-data archive fitting ``overrides`` when one was recorded."""
+    options = f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG} -XX:+UseParallelGC"
+    archive = class_archive_options(overrides)
+    return f"{options} {archive}" if archive else options
 
 
 def check_spark(conf: Mapping[str, str] | None = None) -> None:
@@ -294,15 +350,11 @@ def release(spark) -> None:  # spark: SparkSession
 
 def remote_address(url: str) -> tuple[str, int]:
     """Host and port of a Spark Connect URL (``sc://host[:port][/;params]``)."""
-    from urllib.parse import urlparse
-
     parsed = urlparse(url.replace("sc://", "http://", 1))
     return parsed.hostname or "localhost", parsed.port or DEFAULT_CONNECT_PORT
 
 
 def _check_reachable(url: str, timeout: float = 5.0) -> None:
-    import socket
-
     host, port = remote_address(url)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
@@ -316,8 +368,6 @@ def _check_reachable(url: str, timeout: float = 5.0) -> None:
 
 def free_port() -> int:
     """A TCP port free on this machine now, for a server started on the fly (tests, bench)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 import shutil
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from decimal import Decimal
 from pathlib import Path
 
@@ -21,10 +23,11 @@ import pytest
 from deltalake import DeltaTable, WriterProperties, write_deltalake
 from pyspark.sql import functions as F
 
+import ivm.policy
 import ops.arrange as arrange
-import ops.rows
 from engine.facade import Engine
 from engine.oracle import compare_views
+from ivm.policy import Policy
 from ops import DIFF, TIME
 from resources.filecache import FileCache
 from resources.lake import (
@@ -91,6 +94,14 @@ def arrangement(spark, tmp_path_factory, request) -> tuple[str, Counter, Counter
     return uri, first_state, +state
 
 
+@pytest.fixture
+def policy() -> Iterator[Callable[..., Policy]]:
+    """``policy(**changes)`` puts those changes to the policy in force for the rest of the
+    test (:func:`ivm.policy.using`, left when the test ends)."""
+    with ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(ivm.policy.using(**changes))
+
+
 @pytest.fixture(autouse=True)
 def no_file_cache(monkeypatch) -> FileCache:
     """Lookups here read files unless a test gives them a cache of their own (the process's
@@ -106,10 +117,10 @@ def no_file_cache(monkeypatch) -> FileCache:
     ids=["pushed down", "read once by Spark", "read once by the driver"],
 )
 def test_lookup_returns_the_state_of_exactly_the_keys_asked(
-    spark, arrangement, n_keys: int, pushed: bool, driver: bool, monkeypatch
+    spark, arrangement, n_keys: int, pushed: bool, driver: bool, policy
 ) -> None:
     if not driver:
-        monkeypatch.setattr(arrange, "DRIVER_LOOKUP_ROWS", 0)
+        policy(driver_lookup_rows=0)
     uri, first_state, state = arrangement
     before = driver_reads()
     keys = random.Random(n_keys).sample(range(20_000), n_keys)
@@ -123,7 +134,8 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
     if pushed:
         # Pushed down: the page index leaves a few pages per key, and the scan skips
         # Parquet's dictionary filter.
-        assert 0 < stats.rows_scanned <= n_keys * 2 * 2 * arrange.PAGE_ROWS, stats
+        page_rows = ivm.policy.current().page_rows
+        assert 0 < stats.rows_scanned <= n_keys * 2 * 2 * page_rows, stats
         assert _dictionary_filter(df) == ["false"]
     else:
         assert stats.rows_scanned == stats.rows_total == ROWS + len(range(0, ROWS, 97))
@@ -135,6 +147,41 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
         assert _dictionary_filter(df) == ([] if driver else [None])
 
 
+def test_the_policy_chooses_each_lookup_strategy(tmp_path, monkeypatch) -> None:
+    """``lookup_strategy`` decides from sizes known before reading: pushed down while the
+    keys' pages times ``push_ratio`` stay under the live rows, unless the driver holds the
+    files (or may decode them: ``cold_file_rows``, ``cold_read_rows``); else read once, by the
+    driver unless a key is NULL or ``driver_lookup_rows`` is 0 (``Policy.spark_only``)."""
+    S, choose = arrange.Strategy, arrange.lookup_strategy
+    schema = pa.schema([("K", pa.int64()), ("v", pa.int64())])
+    default = Policy()
+    assert default.push_ratio * 250 * default.page_rows == 1_000_000  # the boundary below
+    assert choose(249, False, 1_000_000, [], schema, default)[0] is S.PUSHED_DOWN
+    assert choose(250, False, 1_000_000, [], schema, default)[0] is S.DRIVER_READ_ONCE
+    assert choose(125, False, 1_000_000, [], schema, default.replace(push_ratio=8))[0] is (
+        S.DRIVER_READ_ONCE
+    )
+    assert choose(250, True, 1_000_000, [], schema, default)[0] is S.SPARK_READ_ONCE
+    for off in (default.replace(driver_lookup_rows=0), Policy.spark_only()):
+        strategy, why = choose(250, False, 1_000_000, [], schema, off)
+        assert strategy is S.SPARK_READ_ONCE and "driver_lookup_rows = 0" in why
+    assert choose(0, False, 1_000_000, [], schema, default) == (S.PUSHED_DOWN, "no key")
+    assert choose(0, True, 1_000_000, [], schema, default) == (S.PUSHED_DOWN, "no key but NULL")
+
+    small = _parquet(tmp_path / "small.parquet", [list(range(10))])
+    assert choose(3, False, 1_000_000, [small], schema, default)[0] is S.PUSHED_DOWN  # no cache
+    monkeypatch.setattr(arrange, "FILES", FileCache(1 << 30))
+    in_memory = choose(3, False, 1_000_000, [small], schema, default)
+    assert in_memory[0] is S.DRIVER_MEMORY, in_memory  # small enough to decode: held
+    cold = default.replace(cold_file_rows=0)  # decoded into the cache: up to cold_read_rows
+    assert choose(3, False, 1_000_000, [small], schema, cold)[0] is S.DRIVER_MEMORY
+    colder = cold.replace(cold_read_rows=9)
+    assert choose(3, False, 1_000_000, [small], schema, colder)[0] is S.PUSHED_DOWN
+    assert choose(3, True, 1_000_000, [small], schema, default)[0] is S.PUSHED_DOWN
+    for off in (default.replace(driver_lookup_rows=0), Policy.spark_only()):
+        assert choose(3, False, 1_000_000, [small], schema, off)[0] is S.PUSHED_DOWN
+
+
 def _stored_with(keys: list[int], as_of: int) -> int:
     """How many updates of the ``arrangement`` fixture up to ``as_of`` hold one of ``keys``."""
     wanted = set(keys)
@@ -142,27 +189,28 @@ def _stored_with(keys: list[int], as_of: int) -> int:
     return sum(1 for i in ids if i % 20_000 in wanted)
 
 
-def _cached(arrangement, monkeypatch) -> tuple[FileCache, pa.Schema, list, int]:
+def _cached(
+    arrangement, monkeypatch, policy: Callable[..., Policy]
+) -> tuple[FileCache, pa.Schema, list, int]:
     """A cache of its own for the lookups of a test, and the arrangement's schema, files and
     rows. Binary search narrows down to the keys' rows whatever the files' sizes."""
     cache = FileCache(1 << 30)
     monkeypatch.setattr(arrange, "FILES", cache)
-    monkeypatch.setattr(ops.rows, "NARROW_ENOUGH_ROWS", 0)
-    monkeypatch.setattr(ops.rows, "NARROW_ENOUGH_PER_KEY", 0)
+    policy(narrow_enough_rows=0, narrow_enough_per_key=0)
     uri = arrangement[0]
     files = table_files(uri)
     schema = pa.schema(open_table(uri).schema().to_arrow())
     return cache, schema, files, sum(f.num_records for f in files)
 
 
-def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch) -> None:
+def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch, policy) -> None:
     """With a cache, a read-once lookup decodes each file whole once; later lookups, of many
     keys or of few (which would otherwise be pushed down into a Spark scan), probe the
     decoded rows in memory: the same state, no Parquet scan, nothing decoded again."""
-    cache, schema, files, total = _cached(arrangement, monkeypatch)
+    cache, schema, files, total = _cached(arrangement, monkeypatch, policy)
     uri, first_state, state = arrangement
     big = max(f.num_records for f in files)
-    assert big > arrange.COLD_FILE_ROWS  # else a few keys would probe it from the start
+    assert big > ivm.policy.current().cold_file_rows  # else a few keys would probe it at once
 
     def look(keys: list[int], as_of: int):
         wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
@@ -176,7 +224,7 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
         return stats, sum(after[f] - before.get(f, 0) for f in after), scans
 
     few = random.Random(7).sample(range(20_000), 7)
-    monkeypatch.setattr(arrange, "COLD_READ_ROWS", big - 1)  # too many rows to decode cold
+    policy(cold_read_rows=big - 1)  # too many rows to decode cold
     stats, decoded, scans = look(few, 2)  # so: pushed down into Spark's scan
     assert scans and decoded == 0 and cache.stats.misses == 0
     stats, decoded, scans = look(random.Random(8).sample(range(20_000), 3_000), 2)
@@ -194,12 +242,14 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
     assert scans and decoded == 0
 
 
-def test_few_keys_decode_cold_files_the_cache_keeps(spark, arrangement, monkeypatch) -> None:
+def test_few_keys_decode_cold_files_the_cache_keeps(
+    spark, arrangement, monkeypatch, policy
+) -> None:
     """A lookup of few keys into files not held yet decodes them whole when the cache has
-    room and they hold at most ``COLD_READ_ROWS`` rows (then every later lookup probes them
+    room and they hold at most ``cold_read_rows`` rows (then every later lookup probes them
     in memory), instead of a pushed-down Spark scan that never fills the cache: SF3's
     ``lineitem`` arrangement, whose keys per lookup are always few next to its 18M rows."""
-    cache, schema, files, total = _cached(arrangement, monkeypatch)
+    cache, schema, files, total = _cached(arrangement, monkeypatch, policy)
     uri, _, state = arrangement
     keys = random.Random(9).sample(range(20_000), 7)
     for round_ in range(2):
@@ -254,11 +304,11 @@ def test_lookup_before_the_first_epoch_runs_no_job(spark, arrangement) -> None:
 
 
 @pytest.mark.parametrize("driver", [False, True], ids=["by Spark", "by the driver"])
-def test_lookup_of_some_columns_projects_then_sums(spark, arrangement, driver, monkeypatch) -> None:
+def test_lookup_of_some_columns_projects_then_sums(spark, arrangement, driver, policy) -> None:
     """With ``columns``, the rows are the state projected to the key and those columns (their
     multiplicities summed), and the scans read no other column."""
     if not driver:
-        monkeypatch.setattr(arrange, "DRIVER_LOOKUP_ROWS", 0)
+        policy(driver_lookup_rows=0)
     uri, _, state = arrangement
     keys = random.Random(3).sample(range(20_000), 50)
     wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
@@ -314,15 +364,17 @@ def test_key_ordered_reads_row_group_ranges_from_footers(tmp_path) -> None:
 
 
 def test_a_source_in_key_order_is_arranged_without_a_shuffle(
-    spark, make_project, tmp_path, monkeypatch
+    spark, make_project, tmp_path, policy
 ) -> None:
     """A source loaded in key order (its row groups hold disjoint key ranges, rows shuffled
     inside them) is arranged by sorting each partition where it is: the files come out
     sorted with disjoint ranges, as with the range-partitioned path the other source takes,
     and the join over both stays equal to DuckDB's through a change."""
-    monkeypatch.setattr(arrange, "ROWS_PER_FILE", 100)  # the engine's "large source" floor
-    monkeypatch.setattr(arrange, "DRIVER_BUILD_ROWS", 0)  # Spark's build, not the driver's
-    monkeypatch.setattr(arrange, "DRIVER_SORT_ROWS", 0)
+    policy(
+        arrangement_file_rows=100,  # the engine's "large source" floor
+        driver_build_rows=0,  # Spark's build, not the driver's
+        driver_sort_rows=0,
+    )
     rng = random.Random(5)
     ordered, scattered = str(tmp_path / "data" / "big"), str(tmp_path / "data" / "small")
     cdf = {"delta.enableChangeDataFeed": "true"}
@@ -357,14 +409,20 @@ def test_a_source_in_key_order_is_arranged_without_a_shuffle(
     assert "key order" not in built["arrangement small[id]"]
     for name, rows in (("big__by__id", 6_000), ("small__by__id", 3_000)):
         uri = str(root / "lake" / "arrangements" / name)
-        ranges = []
+        ranges, held = [], Counter()
         for f in table_files(uri):
             keys = pq.read_table(local_path(f.uri), columns=["id"]).column("id").to_pylist()
             assert keys == sorted(keys), f"{name}: {f.uri} is not sorted"
             ranges.append((keys[0], keys[-1], len(keys)))
+            held.update(keys)
         ranges.sort()
         assert sum(r[2] for r in ranges) == rows
-        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+        # Disjoint, but for a key the collection holds twice (``small``'s two appends share
+        # ids) cut between two files of ``arrangement_file_rows`` rows.
+        assert all(
+            a[1] < b[0] or (a[1] == b[0] and held[a[1]] > 1)
+            for a, b in zip(ranges, ranges[1:], strict=False)
+        ), ranges
     dt = DeltaTable(ordered)
     dt.delete("id % 97 = 0")
     write_deltalake(ordered, pa.table({"id": [6_001, 6_002], "v": [1, 2]}), mode="append")
@@ -406,7 +464,7 @@ def test_a_small_change_feed_is_arranged_by_the_driver(spark, make_project, tmp_
     group = JobGroup("probe", "arrange left")
     group.open(spark)
     try:
-        result = engine._refresh_arrangement(key)
+        result = engine.arrangements.refresh_now(key)
     finally:
         jobs = group.close(spark)
     assert jobs == 0 and result is not None and result.staged is not None
@@ -484,14 +542,13 @@ def test_the_driver_builds_an_arrangement_as_spark_does(
     spark, make_project, tmp_path, monkeypatch
 ) -> None:
     """A source's snapshot is arranged by the driver, with no Spark job: the rows, types and
-    layout (sorted files of ``ROWS_PER_FILE`` rows, disjoint key ranges) are those Spark's
-    build writes, for a source laid out by the key (file by file) and one that is not (sorted
-    whole); a column's case in the files does not matter; the files written are in the
-    driver's cache as lookups read them; above the bounds Spark builds; the join stays equal
-    to DuckDB's through a change."""
+    layout (sorted files of ``arrangement_file_rows`` rows, disjoint key ranges) are those
+    Spark's build writes, for a source laid out by the key (file by file) and one that is not
+    (sorted whole); a column's case in the files does not matter; the files written are in
+    the driver's cache as lookups read them; above the bounds Spark builds; the join stays
+    equal to DuckDB's through a change."""
     from resources.spark import JobGroup
 
-    monkeypatch.setattr(arrange, "ROWS_PER_FILE", 300)
     cdf = {"delta.enableChangeDataFeed": "true"}
     ordered, scattered = str(tmp_path / "data" / "items"), str(tmp_path / "data" / "dims")
     rng = random.Random(11)
@@ -530,17 +587,20 @@ def test_the_driver_builds_an_arrangement_as_spark_does(
     cache = FileCache(256 * 1024 * 1024)
     monkeypatch.setattr(arrange, "FILES", cache)
 
-    def build() -> tuple[dict[str, str], dict[str, tuple], int]:
+    def build(**changes: int) -> tuple[dict[str, str], dict[str, tuple], int]:
+        """Every arrangement built anew, in files of 300 rows, under the policy's
+        ``changes``."""
         messages: list[str] = []
-        engine = Engine(root, spark=spark, progress=messages.append)
-        engine.mint_epoch()
-        group = JobGroup("probe", "arrange")
-        group.open(spark)
-        try:
-            for key in engine.plan.arrangements:  # in this thread's job group
-                engine._refresh_arrangement(key)
-        finally:
-            jobs = group.close(spark)
+        with ivm.policy.using(arrangement_file_rows=300, **changes):
+            engine = Engine(root, spark=spark, progress=messages.append)
+            engine.mint_epoch()
+            group = JobGroup("probe", "arrange")
+            group.open(spark)
+            try:
+                for key in engine.plan.arrangements:  # in this thread's job group
+                    engine.arrangements.refresh_now(key)
+            finally:
+                jobs = group.close(spark)
         built = {m.split(":")[0]: m for m in messages if m.startswith("arrangement ")}
         tables = {
             k.name: _arrangement_rows(engine.arrangement_uri(k)) for k in engine.plan.arrangements
@@ -561,16 +621,14 @@ def test_the_driver_builds_an_arrangement_as_spark_does(
         types = spark_compatible_schema(pa.schema(DeltaTable(uri).schema().to_arrow()))
         assert all(cache.holds(local_path(f.uri), types) for f in table_files(uri)), name
 
-    monkeypatch.setattr(arrange, "DRIVER_BUILD_ROWS", 0)
-    monkeypatch.setattr(arrange, "DRIVER_SORT_ROWS", 0)
     shutil.rmtree(root / "lake")
-    by_spark, sparked, jobs = build()
+    by_spark, sparked, jobs = build(driver_build_rows=0, driver_sort_rows=0)
     assert jobs > 0 and not any("by the driver" in m for m in by_spark.values()), by_spark
     for name in driven:
         assert driven[name][0] == sparked[name][0], f"{name}: the two builds' types differ"
         assert driven[name][1] == sparked[name][1], f"{name}: the two builds' rows differ"
 
-    monkeypatch.undo()  # the driver's builds again, then a change through the join
+    # The driver's builds again, in files of the default size, then a change through the join.
     monkeypatch.setattr(arrange, "FILES", FileCache(0))
     shutil.rmtree(root / "lake")
     engine = Engine(root, spark=spark, progress=lambda m: None)

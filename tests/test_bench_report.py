@@ -1,12 +1,15 @@
 """The bench's report (``BENCHMARKS.md``) from known figures (no Spark): a bench runs for
-twenty minutes before writing it, so what it computes from its runs is checked here."""
+twenty minutes before writing it, so what it computes from its runs is checked here, and that
+it keeps the measurements kept by hand below its marker line."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from bench.__main__ import Point, ScaleResult, write_markdown
+import pytest
+
+from bench.__main__ import HAND_KEPT, Point, ScaleResult, hand_kept, write_markdown
 
 
 def _point(scale: float, seconds: float, table: float, rewritten: int) -> Point:
@@ -73,3 +76,43 @@ def test_the_report_splits_each_view_s_time_and_names_what_grows_with_the_tables
     assert "they scan 100,000 rows against the full recompute's 4,000,000" in text
     assert "50% of the views' seconds go to rewriting readable-table files" in text
     assert "(200,000 rows rewritten per refresh)" in text
+
+
+def test_the_report_keeps_what_follows_the_marker_and_replaces_what_precedes_it(
+    tmp_path: Path,
+) -> None:
+    results = [_scale(1.0, [(6.0, 3.0, 300_000)])]
+    args = argparse.Namespace(runs=1, change=0.001, parallelism=4, warm_up_scale=0.0)
+    out = tmp_path / "BENCHMARKS.md"
+    hand = (
+        f"{HAND_KEPT}\n\n## Policy thresholds: kept by hand\n\n- a measurement, 1.5s\n"
+        "<!-- a comment -->\n\ntrailing text without a newline"
+    )
+    out.write_text("# Benchmarks\n\nan older run's tables, 9.9s\n\n" + hand)
+    write_markdown(results, [], args, out)
+    text = out.read_text()
+    assert text.endswith("\n" + hand)  # everything from the marker on, byte for byte
+    assert text.count(HAND_KEPT) == 1
+    assert "an older run's tables" not in text
+    assert text.index("## Targets") < text.index(HAND_KEPT)
+    # Run again: the report is replaced, not stacked; the kept part stays as it was.
+    write_markdown(results, [], args, out)
+    assert out.read_text() == text
+
+
+def test_a_new_report_ends_with_the_marker_and_one_without_it_stops_the_bench(
+    tmp_path: Path,
+) -> None:
+    args = argparse.Namespace(runs=1, change=0.001, parallelism=4, warm_up_scale=0.0)
+    out = tmp_path / "BENCHMARKS.md"
+    write_markdown([_scale(1.0, [(6.0, 3.0, 300_000)])], [], args, out)
+    assert out.read_text().endswith("\n" + HAND_KEPT + "\n")
+    unmarked = tmp_path / "old.md"
+    unmarked.write_text("# Benchmarks\n\n## Moved from the README\n\n- kept by hand\n")
+    with pytest.raises(SystemExit, match="hand-kept"):
+        hand_kept(unmarked)
+    assert "kept by hand" in unmarked.read_text()
+
+
+def test_the_checked_in_report_has_the_marker() -> None:
+    assert hand_kept(Path(__file__).resolve().parents[1] / "BENCHMARKS.md").startswith(HAND_KEPT)

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from bench.scans import ScanRows, area_of
-from ops.arrange import LOOKUP_READ, PARQUET_OPTIONS
+from ops.arrange import LOOKUP_READ, parquet_options
 
 ROWS = 20_000
 
@@ -36,7 +36,7 @@ def test_rows_scanned_are_counted_after_page_skipping_per_area(spark, tmp_path: 
     arranged, source = lake / "arrangements" / "t__by__k", tmp_path / "data" / "t"
     rows = spark.range(ROWS).select(F.col("id").alias("k"), (F.col("id") * 2).alias("v"))
     writer = rows.coalesce(1).sortWithinPartitions("k").write
-    for option, value in PARQUET_OPTIONS.items():
+    for option, value in parquet_options().items():
         writer = writer.option(option, value)
     writer.parquet(str(arranged))  # 1,000-row pages: a key lookup skips the others
     rows.coalesce(1).write.parquet(str(source))

@@ -1,6 +1,6 @@
-"""The class-data archive of Spark's JVM (``resources.classes``): recorded once by a JVM of
-its own, then mapped by every later JVM whose Java, PySpark and class path it fits, and never
-used when switched off or when it does not fit."""
+"""The class-data archive of Spark's JVM: recorded once by a JVM of its own
+(``resources.classes``), then mapped by every later JVM whose Java, PySpark and class path it
+fits (``resources.spark``), and never used when switched off or when it does not fit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from resources import classes
+from resources import classes, spark
 from resources.spark import spark_conf
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def archives(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "archives"
-    monkeypatch.setenv(classes.ARCHIVE_ENV, str(folder))
+    monkeypatch.setenv(spark.ARCHIVE_ENV, str(folder))
     return folder
 
 
@@ -30,7 +30,7 @@ def _options() -> str:
 def test_a_jvm_maps_the_archive_only_once_recorded_and_not_when_switched_off(
     archives, monkeypatch
 ) -> None:
-    path = classes.archive_path()
+    path = spark.archive_path()
     assert path is not None and path.parent == archives
     assert "SharedArchiveFile" not in _options()  # none recorded: a plain start
     path.parent.mkdir(parents=True)
@@ -38,24 +38,24 @@ def test_a_jvm_maps_the_archive_only_once_recorded_and_not_when_switched_off(
     assert f"-XX:SharedArchiveFile={path} -Xshare:auto" in _options()
     assert "-XX:+UseParallelGC" in _options()  # beside the engine's own options
     # An archive the JVM cannot use (this one is not one) is passed over, quietly.
-    java = classes.java_path()
+    java = spark.java_path()
     assert java is not None
     started = subprocess.run(
-        [java, *classes.java_options().split(), "-version"], capture_output=True, text=True
+        [java, *spark.class_archive_options().split(), "-version"], capture_output=True, text=True
     )
     assert started.returncode == 0 and "warning" not in started.stderr.lower(), started.stderr
     # Another class path is another archive, not recorded yet.
-    assert classes.archive_path({"spark.jars": "/x/extra.jar"}) != path
+    assert spark.archive_path({"spark.jars": "/x/extra.jar"}) != path
     assert (
         "SharedArchiveFile"
         not in spark_conf({"spark.jars": "/x/extra.jar"})["spark.driver.extraJavaOptions"]
     )
-    monkeypatch.setenv(classes.ARCHIVE_ENV, "off")
-    assert classes.archive_path() is None and "SharedArchiveFile" not in _options()
+    monkeypatch.setenv(spark.ARCHIVE_ENV, "off")
+    assert spark.archive_path() is None and "SharedArchiveFile" not in _options()
 
 
 def test_recording_is_skipped_when_the_archive_exists(archives, monkeypatch) -> None:
-    path = classes.archive_path()
+    path = spark.archive_path()
     assert path is not None
     path.parent.mkdir(parents=True)
     path.write_bytes(b"recorded")

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from ivm.config import load_project
 from engine.facade import Engine
-from ivm.errors import ConfigError, ContractError
 from engine.oracle import compare_views, log_multiset, table_multiset
+from ivm.config import load_project
+from ivm.errors import ConfigError, ContractError
 from resources.contracts import load_contract
 
 ORDERS = pa.schema(

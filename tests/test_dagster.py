@@ -22,8 +22,8 @@ from assets.views import EPOCH_KEY, FULL_REFRESH_TAG, VIEWS_OP, source_key, view
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
 from engine.facade import Engine
-from ivm.errors import ConfigError
 from engine.oracle import compare_views
+from ivm.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 

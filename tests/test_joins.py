@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import ivm.policy
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, table_multiset
 from tests.lakegen import JoinLake
@@ -101,10 +102,12 @@ semi-joins are Spark's."""
 
 @pytest.mark.spark
 @pytest.mark.parametrize("driver", [True, False], ids=["inner joins by the driver", "by Spark"])
-def test_delta_joins_match_duckdb(spark, make_project, tmp_path, monkeypatch, driver):
-    import ops.local
+def test_delta_joins_match_duckdb(spark, make_project, tmp_path, driver):
+    with ivm.policy.using(driver=driver):
+        _delta_joins_match_duckdb(spark, make_project, tmp_path, driver)
 
-    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
+
+def _delta_joins_match_duckdb(spark, make_project, tmp_path, driver: bool) -> None:
     lake = JoinLake(tmp_path / "data", seed=11 if driver else 12)
     root = make_project(VIEWS, lake.create())
     engine = Engine(root, spark=spark)

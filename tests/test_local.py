@@ -17,8 +17,8 @@ import sqlglot
 from ivm.errors import NotOnDriver
 from ivm.sql.parse import DIALECT
 from ops import local
+from ops.expressions import spark_sql
 from ops.local import Evaluator, render_local
-from ops.stateless import spark_sql
 
 pytestmark = pytest.mark.spark
 

@@ -2,12 +2,16 @@
 several files rewrites only the files that may hold a deleted row, keeps them sorted, counts
 duplicates and NULLs exactly, and refuses deletions of rows the table does not hold. Each
 runs the three ways a change reaches the table: sized and its files found by Spark jobs;
-sized on the driver (a change whose size bound is at most ``DRIVER_CHANGE_ROWS``) and
-rewritten by Spark; sized and rewritten by the driver (``DRIVER_REWRITE_ROWS``)."""
+sized on the driver (a change whose size bound is at most the policy's
+``driver_change_rows``) and rewritten by Spark; sized and rewritten by the driver (candidate
+files of at most ``driver_rewrite_rows`` rows). Which strategy wrote each change is asserted
+too (``TableChange.choice``), and :func:`ops.sink.choose` is checked on its own."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -19,10 +23,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+import ivm.policy
 import ops.sink
 from ivm.errors import InvariantViolation
+from ivm.policy import Policy
 from ops import DIFF
-from ops.sink import PER_ROW_PRUNE_FILES, apply_to_table
+from ops.sink import Known, Sizing, Strategy, apply_to_table, choose, sizing
 from tests.lakegen import parquet_writers
 
 pytestmark = pytest.mark.spark
@@ -53,25 +59,98 @@ def apply(spark, uri: str, epoch: int, *rows, overwrite: bool = False, local: bo
     )
 
 
+@dataclass(frozen=True)
+class Way:
+    """One way a change reaches the table: ``local``, the caller bounds its size (so it is
+    sized on the driver); ``rewrite``, the strategy that rewrites its candidate files."""
+
+    local: bool
+    rewrite: Strategy
+
+
 @pytest.fixture(
     params=["spark", "sized", "driver"],
     ids=["by Spark", "sized on the driver", "rewritten by the driver"],
 )
-def local(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+def way(request: pytest.FixtureRequest) -> Iterator[Way]:
     """The three ways a change reaches the table: sized and its files found by Spark jobs;
     sized on the driver and the files rewritten by Spark; both on the driver."""
     if request.param == "sized":
-        monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", 0)
-    return request.param != "spark"
+        with ivm.policy.using(driver_rewrite_rows=0):
+            yield Way(True, Strategy.REWRITE_BY_SPARK)
+    else:
+        local = request.param == "driver"
+        yield Way(local, Strategy.REWRITE_BY_DRIVER if local else Strategy.REWRITE_BY_SPARK)
 
 
 def contents(uri: str) -> Counter:
     return Counter(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
 
 
-def test_deletes_rewrite_only_the_files_that_may_hold_them(
-    spark, tmp_path: Path, local: bool
+SMALL_REWRITE = Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driver=True)
+"""A deletion counted on the driver, from two candidate files of 100 rows."""
+
+
+@pytest.mark.parametrize(
+    ("known", "policy", "strategy"),
+    [
+        (Known(positive=True, readable=True, rows_hint=10), Policy(), "INSERT_BY_DRIVER"),
+        (Known(positive=True, held=True), Policy(driver_rewrite_rows=0), "INSERT_BY_DRIVER"),
+        (Known(positive=True, readable=True, rows_hint=10), Policy.spark_only(), "APPEND_BY_SPARK"),
+        (
+            Known(positive=True, readable=True, rows_hint=10),
+            Policy(driver_rewrite_rows=9),
+            "APPEND_BY_SPARK",
+        ),
+        (Known(positive=True, held=True, exact=False), Policy(), "APPEND_BY_SPARK"),
+        (Known(positive=True, rows_hint=10), Policy(), "APPEND_BY_SPARK"),
+        (Known(positive=True, readable=True), Policy(), "APPEND_BY_SPARK"),
+        (Known(positive=True, overwrite=True, held=True), Policy(), "APPEND_BY_SPARK"),
+        (Known(overwrite=True, deleted=3), Policy(), "APPEND_BY_SPARK"),
+        (Known(deleted=0, sized_on_driver=True), Policy(), "APPEND_BY_SPARK"),
+        (Known(deleted=1, candidates=0, sized_on_driver=True), Policy(), "REFUSE"),
+        (SMALL_REWRITE, Policy(), "REWRITE_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(driver_rewrite_rows=100), "REWRITE_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(driver_rewrite_rows=99), "REWRITE_BY_SPARK"),
+        (SMALL_REWRITE, Policy(driver=False), "REWRITE_BY_SPARK"),
+        (SMALL_REWRITE, Policy.spark_only(), "REWRITE_BY_SPARK"),
+        (Known(deleted=1, candidates=2, candidate_rows=100), Policy(), "REWRITE_BY_SPARK"),
+        (
+            Known(deleted=1, candidates=2, candidate_rows=None, sized_on_driver=True),
+            Policy(),
+            "REWRITE_BY_SPARK",
+        ),
+        (
+            Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driver=True, exact=False),
+            Policy(),
+            "REWRITE_BY_SPARK",
+        ),
+    ],
+)
+def test_the_strategy_is_chosen_from_what_is_known_before_writing(
+    known: Known, policy: Policy, strategy: str
 ) -> None:
+    """Each strategy, and each threshold of the policy that turns a driver's strategy into
+    Spark's (bounds inclusive), decided with nothing read or written."""
+    choice = choose(known, policy)
+    assert choice.strategy is Strategy[strategy] and choice.reason, choice
+
+
+def test_a_change_is_counted_on_the_driver_up_to_driver_change_rows() -> None:
+    policy = Policy(driver_change_rows=5)
+
+    def how(rows_hint: int | None, *, overwrite: bool = False, positive: bool = False) -> Sizing:
+        return sizing(overwrite=overwrite, positive=positive, rows_hint=rows_hint, policy=policy)
+
+    assert how(None, positive=True) is how(1, overwrite=True, positive=True) is Sizing.NONE
+    assert how(5) is how(0) is Sizing.DRIVER
+    assert how(6) is how(None) is how(1, overwrite=True) is Sizing.SPARK
+    assert sizing(overwrite=False, positive=False, rows_hint=1, policy=Policy.spark_only()) is (
+        Sizing.SPARK
+    )
+
+
+def test_deletes_rewrite_only_the_files_that_may_hold_them(spark, tmp_path: Path, way: Way) -> None:
     uri = str(tmp_path / "t")
     # Epoch 1: a first file with duplicates and a NULL key; epochs 2-3: files of other ranges.
     apply(spark, uri, 1, (1, "a", 3), (2, "b", 1), (None, "n", 2), overwrite=True)
@@ -80,8 +159,9 @@ def test_deletes_rewrite_only_the_files_that_may_hold_them(
     assert len(DeltaTable(uri).file_uris()) == 3
     # Delete one copy of (1, a), one NULL-key row, one (11, y); insert (5, e).
     change = apply(
-        spark, uri, 4, (1, "a", -1), (None, "n", -1), (11, "y", -1), (5, "e", 1), local=local
+        spark, uri, 4, (1, "a", -1), (None, "n", -1), (11, "y", -1), (5, "e", 1), local=way.local
     )
+    assert change.choice is not None and change.choice.strategy is way.rewrite
     assert (change.inserted, change.deleted) == (1, 3)
     # A NULL key is deleted, so only names prune: the file of epoch 3 (names z1-z2) is
     # outside the deleted rows' range (a-y) and stays untouched.
@@ -95,23 +175,32 @@ def test_deletes_rewrite_only_the_files_that_may_hold_them(
         present = [k for k in keys if k is not None]
         assert present == sorted(present), path
     # A rerun of the epoch commits nothing.
-    again = apply(spark, uri, 4, (1, "a", -1), local=local)
+    again = apply(spark, uri, 4, (1, "a", -1), local=way.local)
     assert not again.commit.committed and contents(uri)[(1, "a")] == 2
 
 
-def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, local: bool) -> None:
+def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, way: Way) -> None:
     uri = str(tmp_path / "t")
     # Nine files of keys 10i..10i+1 (the first also holds a NULL key named "zz").
     apply(spark, uri, 1, (0, "a", 1), (1, "a", 1), (None, "zz", 1), overwrite=True)
     for i in range(1, 9):
         apply(spark, uri, 1 + i, (10 * i, "a", 1), (10 * i + 1, "a", 1))
-    assert len(DeltaTable(uri).file_uris()) == 9 >= PER_ROW_PRUNE_FILES
+    assert len(DeltaTable(uri).file_uris()) == 9 >= ivm.policy.current().per_row_prune_files
     before = contents(uri)
     # The deleted rows span every file's range of keys and names; row by row, only the
     # first file (0, and the NULL key by its name) and the last (81) may hold them.
-    change = apply(spark, uri, 10, (0, "a", -1), (None, "zz", -1), (81, "a", -1), local=local)
+    change = apply(spark, uri, 10, (0, "a", -1), (None, "zz", -1), (81, "a", -1), local=way.local)
     assert (change.files_rewritten, change.rows_rewritten) == (2, 3 + 2)
     assert contents(uri) == before - Counter({(0, "a"): 1, (None, "zz"): 1, (81, "a"): 1})
+    # Under per_row_prune_files files, the deleted rows' range alone finds the candidates:
+    # 1-80 overlaps every file. Spark rewrites them all; the driver replaces only the two
+    # that hold a deleted row.
+    files, before = len(DeltaTable(uri).file_uris()), contents(uri)
+    with ivm.policy.using(per_row_prune_files=files + 1):
+        change = apply(spark, uri, 11, (1, "a", -1), (80, "a", -1), local=way.local)
+    by_spark = way.rewrite is Strategy.REWRITE_BY_SPARK
+    assert change.files_rewritten == (files if by_spark else 2)
+    assert contents(uri) == before - Counter({(1, "a"): 1, (80, "a"): 1})
 
 
 @pytest.mark.parametrize(
@@ -125,30 +214,29 @@ def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, local: bool) ->
     ],
 )
 def test_deleting_rows_the_table_does_not_hold_commits_nothing(
-    spark, tmp_path: Path, row, multiplicity: str, local: bool
+    spark, tmp_path: Path, row, multiplicity: str, way: Way
 ) -> None:
     uri = str(tmp_path / "t")
     apply(spark, uri, 1, (1, "a", 2), (2, "b", 1), overwrite=True)
     version = DeltaTable(uri).version()
     with pytest.raises(InvariantViolation, match=f"multiplicity would be {multiplicity}\\)"):
-        apply(spark, uri, 2, row, (3, "c", 1), local=local)
+        apply(spark, uri, 2, row, (3, "c", 1), local=way.local)
     assert DeltaTable(uri).version() == version
     assert contents(uri) == Counter({(1, "a"): 2, (2, "b"): 1})
 
 
-def test_a_rewrite_sized_on_the_driver_reads_its_files_once(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Path) -> None:
     """The scan that keeps the untouched rows also counts the deleted rows' copies: the
     candidate files' rows are scanned once, not a second time to count them."""
     from bench.scans import ScanRows
 
-    monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", 0)  # Spark rewrites
     uri = str(tmp_path / "views" / "t")  # a readable table under the lake root
     apply(spark, uri, 1, *[(k, "a", 1) for k in range(40)], (3, "b", 2), overwrite=True)
     scans = ScanRows(spark, str(tmp_path))
     scans.mark()
-    change = apply(spark, uri, 2, (3, "b", -1), (7, "a", -1), (99, "z", 1), local=True)
+    with ivm.policy.using(driver_rewrite_rows=0):  # Spark rewrites
+        change = apply(spark, uri, 2, (3, "b", -1), (7, "a", -1), (99, "z", 1), local=True)
+    assert change.choice is not None and change.choice.strategy is Strategy.REWRITE_BY_SPARK
     assert (change.files_rewritten, change.rows_rewritten) == (1, 42)
     assert scans.rows() == {"views": 42}
     assert contents(uri) == Counter(
@@ -185,6 +273,7 @@ def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hit
     scans.mark()
     change, jobs = jobs_of(uri, 4, (5, "a", -1), (45, "b", -1), (30, "new", 1), local=True)
     assert jobs == 1  # collecting the change (the engine hands over the rows it logged)
+    assert change.choice is not None and change.choice.strategy is Strategy.REWRITE_BY_DRIVER
     assert scans.rows() == {"views": 10 + 10 + 12}  # the driver read the three candidates
     assert (change.inserted, change.deleted) == (1, 2)
     assert (change.files_rewritten, change.rows_rewritten) == (2, 10 + 12)
@@ -201,7 +290,7 @@ def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hit
         group = JobGroup("f", "apply")
         group.open(spark)
         try:
-            apply_to_table(
+            change = apply_to_table(
                 spark,
                 net.limit(1),
                 floats,
@@ -215,6 +304,7 @@ def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hit
         finally:
             jobs = group.close(spark)
     assert jobs > 0 and DeltaTable(floats).to_pyarrow_table().num_rows == 0
+    assert change.choice is not None and change.choice.strategy is Strategy.REWRITE_BY_SPARK
 
 
 def _typed_updates(spark, n: int):
@@ -350,15 +440,11 @@ def test_the_driver_chooses_each_columns_encoding_and_every_reader_decodes_it(
     )
 
 
-def test_a_small_write_that_is_not_small_is_written_by_spark(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_small_write_that_is_not_small_is_written_by_spark(spark, tmp_path: Path) -> None:
     """More rows than the driver takes: Spark writes them all (computing them again)."""
-    import ops.sink
-
-    monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", 10)
     updates = _typed_updates(spark, 11).repartition(2)
-    table, jobs = _log(spark, tmp_path, "big", updates, small=True)
+    with ivm.policy.using(driver_change_rows=10):
+        table, jobs = _log(spark, tmp_path, "big", updates, small=True)
     assert jobs > 1
     assert table.to_pyarrow_table().num_rows == 11
     assert parquet_writers(table) == {"parquet-mr"} and len(table.file_uris()) == 2  # per partition
@@ -430,8 +516,9 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
     """A change that only inserts (a first build), read from its log's files by the driver, is
     written with no Spark job: each row ``_diff`` times, every file sorted as Spark sorts
     (NULLs first) and holding its own range, the rows Spark's write of the same change
-    holds; larger than ``DRIVER_REWRITE_ROWS``, Spark writes it. The driver's files go to
-    its cache as a read would decode them: the first rewrite decodes none."""
+    holds; over the policy's ``driver_rewrite_rows`` rows or ``driver_insert_bytes``, Spark
+    writes it. The driver's files go to its cache as a read would decode them: the first
+    rewrite decodes none."""
     from ops.ingest import insertions_only, view_changes, view_changes_by_driver
     from ops.sink import append_updates
     from resources.filecache import FileCache, _decode
@@ -440,7 +527,6 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
 
     cache = FileCache(1 << 30)
     monkeypatch.setattr(ops.sink, "FILES", cache)
-    monkeypatch.setattr(ops.sink, "ROWS_PER_FILE", 120)
     updates = (
         _typed_updates(spark, 300)
         .drop("ratio")  # floating point is Spark's
@@ -452,34 +538,44 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
     append_updates(updates.repartition(3), log, app_id="t", epoch=3, metadata={})
     columns = [c for c in updates.columns if c not in ("_time", DIFF)]
     tables, jobs = {}, {}
-    ways = (("driver", 1000, 10**6), ("spark", 10, 10**6), ("wide", 1000, 1000))
-    for way, limit, most in ways:
-        monkeypatch.setattr(ops.sink, "DRIVER_REWRITE_ROWS", limit)
-        monkeypatch.setattr(ops.sink, "DRIVER_INSERT_BYTES", most)  # "wide": too many bytes
-        monkeypatch.setattr(ops.sink, "DRIVER_CHANGE_ROWS", 10)  # no collect by Spark either
+    ways = (
+        ("driver", 1000, 10**6, Strategy.INSERT_BY_DRIVER, "the driver reads them"),
+        ("spark", 10, 10**6, Strategy.APPEND_BY_SPARK, "over driver_rewrite_rows"),
+        ("wide", 1000, 1000, Strategy.APPEND_BY_SPARK, "over driver_insert_bytes"),
+    )
+    for way, limit, most, strategy, reason in ways:
+        policy = ivm.policy.current().replace(
+            table_file_rows=120,
+            driver_rewrite_rows=limit,
+            driver_insert_bytes=most,  # "wide": too many bytes
+            driver_change_rows=10,  # no collect by Spark either
+        )
         net, files = view_changes(spark, log, pa.schema(DeltaTable(log).schema().to_arrow()), 0, 3)
         assert insertions_only(files)
         uri = tables[way] = str(tmp_path / way)
-        group = JobGroup(way, "apply")
-        group.open(spark)
-        try:
-            change = apply_to_table(
-                spark,
-                net.select(*columns, DIFF),
-                uri,
-                app_id="t",
-                epoch=3,
-                metadata={},
-                label="v",
-                positive=True,
-                rows_hint=sum(f.file.num_records for f in files),
-                read_net=lambda most, files=files: view_changes_by_driver(
-                    files, columns, 0, 3, most
-                ),
-            )
-        finally:
-            jobs[way] = group.close(spark)
+        with ivm.policy.using(policy):
+            group = JobGroup(way, "apply")
+            group.open(spark)
+            try:
+                change = apply_to_table(
+                    spark,
+                    net.select(*columns, DIFF),
+                    uri,
+                    app_id="t",
+                    epoch=3,
+                    metadata={},
+                    label="v",
+                    positive=True,
+                    rows_hint=sum(f.file.num_records for f in files),
+                    read_net=lambda most, files=files: view_changes_by_driver(
+                        files, columns, 0, 3, most
+                    ),
+                )
+            finally:
+                jobs[way] = group.close(spark)
         assert (change.inserted, change.deleted) == (400, 0)
+        assert change.choice is not None and change.choice.strategy is strategy
+        assert reason in change.choice.reason, change.choice
     assert jobs["driver"] == 0 and jobs["spark"] > 0 and jobs["wide"] > 0
     written = {local_path(u) for u in DeltaTable(tables["driver"]).file_uris()}
     held = {key[0]: rows for key, rows in cache._entries.items()}
