@@ -169,7 +169,7 @@ class Policy:
         if build:
             return Placement("spark", "a first build reads every row of its inputs")
         if not self.driver:
-            return Placement("spark", "the policy keeps the driver off (policy.driver = false)")
+            return Placement("spark", "the driver is off: policy.driver = false")
         if change_rows > limit:
             return Placement(
                 "spark", f"{change_rows:,} input updates > driver_change_rows = {limit:,}"
