@@ -1,23 +1,29 @@
-"""Lowering: a parsed view's sqlglot AST -> a plan IR tree (:mod:`ivm.plan.ir`).
+"""Lowering: a parsed view's sqlglot AST -> a demand-pruned plan IR tree (:mod:`ivm.plan.ir`).
 
-Owns name resolution (tables, aliases, CTEs, columns, ``*``), the list of SQL constructs the
-planner supports, and the errors for everything else: each names the construct and its
-``line:col``. The result is demand-pruned: every ``Get`` reads only the columns used.
+Owns a query's structure: WITH, UNION/INTERSECT/EXCEPT, SELECT; FROM items (sources, views,
+CTEs, subqueries, parenthesized joins); joins folded left to right with their constant
+conditions decided; one ``[NOT] EXISTS``/``[NOT] IN`` subquery in WHERE as a semi-join. Names
+resolve in :mod:`ivm.sql.scope`; the stateful constructs (GROUP BY, DISTINCT, set operations,
+TopK) are lowered by :mod:`ivm.sql.lower_reduce`, whose class the lowerer here extends.
 
 Contract in ``(data, time, diff)`` terms: the returned plan, applied to the updates of its
 inputs, yields the updates of the view: stateless nodes map updates one by one (they are
-linear and deterministic, see :mod:`ivm.plan.ir`), joins by delta paths, and the stateful
-nodes (GROUP BY, DISTINCT, set operations, TopK; lowered in :mod:`ivm.sql.lower_reduce`)
-from state of their own. A join whose condition is never true is stateless: the UNION ALL of
-its preserved inputs' updates padded with NULLs and of its other inputs read through ``Filter
-FALSE`` (no update; their columns' types only). Non-deterministic functions and unsupported
-constructs are rejected by name.
+linear and deterministic, see :mod:`ivm.plan.ir`), joins by delta paths, stateful nodes from
+state of their own. A join whose condition is never true is stateless: the UNION ALL of its
+preserved inputs' updates padded with NULLs and of its other inputs read through ``Filter
+FALSE`` (no update; their columns' types only).
+
+Refused with ``SqlError`` naming the construct (or table and column) and its ``line:col``:
+unknown tables and columns, the clauses of ``_UNSUPPORTED_CLAUSES``, WITH RECURSIVE, BY NAME,
+joins other than inner and LEFT/RIGHT/FULL OUTER (USING, NATURAL, SEMI...), cross joins, outer
+joins of more than two inputs, other subqueries, and output columns named twice or like the
+engine's own (``_time``, ``_diff``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
@@ -25,7 +31,6 @@ from sqlglot import exp
 
 from ivm.errors import SqlError
 from ivm.plan.ir import (
-    CollectionKind,
     Filter,
     Get,
     Join,
@@ -45,27 +50,16 @@ from ivm.plan.ir import (
     walk,
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
-from ivm.sql.parse import ParsedView, position, sql_error
+from ivm.sql.parse import ParsedView
+from ivm.sql.scope import CatalogEntry, Relation, Scope
 
-CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
-"""What the planner knows of a named collection: its kind and its (lowercase) columns."""
+_SortKey = Callable[[exp.Expression], exp.Expression]
+"""Rewrites an ORDER BY expression over the FROM scope into one over a SELECT's input."""
 
-_NONDETERMINISTIC_ANONYMOUS = {
-    "monotonically_increasing_id",
-    "spark_partition_id",
-    "input_file_name",
-    "input_file_block_start",
-    "input_file_block_length",
-    "now",
-    "shuffle",
-    "random",
-    "uuid",
-}
-
-# Clauses of a SELECT that this release does not maintain, with the name the user knows them by.
 RESERVED_COLUMNS = ("_time", "_diff")
 """Column names the engine uses for the time and diff of every update."""
 
+# Clauses of a SELECT that this release does not maintain, with the name the user knows them by.
 _UNSUPPORTED_CLAUSES = {
     "laterals": "LATERAL VIEW",
     "windows": "WINDOW clause",
@@ -79,102 +73,16 @@ _UNSUPPORTED_CLAUSES = {
 
 
 def _arg(node: exp.Expression, key: str) -> object:
+    """Argument ``key`` of ``node`` (sqlglot spells some with a trailing ``_``: ``with_``)."""
     return node.args.get(key) or node.args.get(key + "_")
 
 
-@dataclass(frozen=True, slots=True)
-class _Relation:
-    """A FROM item: the plan producing it and the qualifiers that name it."""
-
-    node: Node
-    qualifiers: frozenset[str]
-    label: str  # for messages: "table orders", "view v", "subquery t"
-
-    @property
-    def alias(self) -> str:
-        return min(self.qualifiers)
-
-
-@dataclass(frozen=True, slots=True)
-class _Scope:
-    """The relations a SELECT's expressions may name, and the plan names of their columns.
-
-    With one relation a column keeps its name; in a join, column ``c`` of relation ``a`` is
-    ``a__c`` in the plan, so equal names from different inputs stay apart.
-    """
-
-    relations: tuple[_Relation, ...]
-
-    @property
-    def joined(self) -> bool:
-        return len(self.relations) > 1
-
-    def internal(self, i: int, column: str) -> str:
-        return f"{self.relations[i].alias}__{column}" if self.joined else column
-
-    def owner(self, internal: str) -> int:
-        if not self.joined:
-            return 0
-        for i, rel in enumerate(self.relations):
-            if (
-                internal.startswith(rel.alias + "__")
-                and internal[len(rel.alias) + 2 :] in rel.node.columns
-            ):
-                return i
-        raise KeyError(internal)
-
-    @property
-    def qualifiers(self) -> list[str]:
-        return sorted(q for r in self.relations for q in r.qualifiers)
-
-    def star(self, qualifier: str | None) -> list[tuple[str, str]] | None:
-        """``(output name, plan name)`` of ``*`` or ``q.*``; None if ``q`` is unknown."""
-        out = []
-        for i, rel in enumerate(self.relations):
-            if qualifier is None or qualifier in rel.qualifiers:
-                out.extend((c, self.internal(i, c)) for c in rel.node.columns)
-                if qualifier is not None:
-                    return out
-        return out if qualifier is None else None
-
-
 class _Lowerer(ReduceLowering):
+    """Lowers one view: queries, SELECT, FROM items, joins and subquery predicates."""
+
     def __init__(self, view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> None:
-        self.view = view
-        self.catalog = catalog
-        self.sql = view.sql
-        self._labels = 0
+        super().__init__(view, catalog)
         self._items: list[exp.Expression] = []  # the FROM items of the join being lowered
-        self.group_size = self._count_hint("expected_group_size", least=1)
-        self.topk_spare = self._count_hint("topk_spare", least=0)
-
-    def _count_hint(self, name: str, least: int) -> int | None:
-        """The integer value of hint ``name`` (at least ``least``), or None when absent."""
-        text = self.view.hints.get(name)
-        if text is None:
-            return None
-        try:
-            value = int(text.replace("_", ""))
-        except ValueError:
-            value = least - 1
-        if value < least:
-            what = "a positive integer" if least == 1 else f"an integer >= {least}"
-            raise SqlError(f"hint {name} = {text!r} is not {what}", file=self.view.file)
-        return value
-
-    def error(
-        self, message: str, node: exp.Expression | None, *, construct: str | None = None
-    ) -> SqlError:
-        return sql_error(
-            message, node, self.sql, unsupported=construct is not None, construct=construct
-        ).located(self.view.file)
-
-    def unsupported(self, construct: str, node: exp.Expression | None) -> SqlError:
-        return self.error(
-            f"{construct} is not supported (see the README's list of maintained SQL)",
-            node,
-            construct=construct,
-        )
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -212,6 +120,7 @@ class _Lowerer(ReduceLowering):
         raise self.unsupported(type(q).__name__.upper(), q)
 
     def union_all(self, q: exp.Union, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
+        """``a UNION ALL b ...``: one UnionAll, the branches' columns renamed by position."""
         branches: list[Node] = []
         for i, side in enumerate((q.this, q.expression)):
             node = self.plain(self.query(side, ctes, need_names=need_names and i == 0))
@@ -235,68 +144,104 @@ class _Lowerer(ReduceLowering):
         return UnionAll(tuple(aligned))
 
     def select(self, s: exp.Select, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
+        """A SELECT: FROM and WHERE, the SELECT list (grouped or not), ``ROW_NUMBER()`` and
+        QUALIFY, DISTINCT, then ``ORDER BY ... LIMIT``."""
         for key, construct in _UNSUPPORTED_CLAUSES.items():
             value = _arg(s, key)
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
+        node, scope = self.from_where(s, ctes)
+        windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
+        node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
+        if not need_names:  # positional branch: any unique names do
+            outputs = [(f"_c{i}", e) for i, (_, e) in enumerate(outputs)]
+        self._check_output_names(s, scope, windows, outputs)
+        visible = tuple(n for n, _ in outputs)
+        result = self.ranking(s, Project(node, tuple(outputs)), scope, windows, visible)
+        if isinstance(result, Ranked):
+            return result
+        if _arg(s, "distinct"):
+            if isinstance(_arg(s, "distinct"), exp.Distinct) and _arg(s, "distinct").args.get("on"):
+                raise self.unsupported("DISTINCT ON", s)
+            result = self.distinct(result)
+            sort_key = None
+        return self.order_limit(s, result, sort_key)
+
+    def from_where(self, s: exp.Select, ctes: Mapping[str, Node]) -> tuple[Node, Scope]:
+        """The plan of a SELECT's FROM clause and WHERE, and the scope its SELECT list sees:
+        a join takes WHERE into its conditions, one FROM item is filtered by it."""
         from_ = _arg(s, "from")
         if not isinstance(from_, exp.From):
             raise self.unsupported("SELECT without FROM", s)
         first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
         scope = self.from_items(first, joins, ctes)
-        relations = list(scope.relations)
         where = _arg(s, "where")
+        where = where if isinstance(where, exp.Where) else None
         if scope.joined:
-            node: Node = self.join(
-                scope, joins, where if isinstance(where, exp.Where) else None, first
-            )
-        else:
-            node = relations[0].node
-            conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
-            if isinstance(node, Ranked):
-                node, conjuncts = self.rank_filter(node, conjuncts)
-                relations[0] = _Relation(node, relations[0].qualifiers, relations[0].label)
-                scope = _Scope(tuple(relations))
-            if conjuncts:
-                subqueries = [c for c in conjuncts if _subquery_predicate(c) is not None]
-                plain = [c for c in conjuncts if _subquery_predicate(c) is None]
-                if len(subqueries) > 1:
-                    raise self.unsupported(
-                        "more than one EXISTS/IN subquery in WHERE", subqueries[1]
-                    )
-                if subqueries:
-                    node = self.semi_join(relations[0], subqueries[0], plain, ctes)
-                else:
-                    node = Filter(node, self.expression(exp.and_(*conjuncts), scope, "WHERE"))
-        rel = scope
-        windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
+            return self.join(scope, joins, where, first), scope
+        return self.filtered(scope.relations[0], where, ctes)
+
+    def filtered(
+        self, rel: Relation, where: exp.Where | None, ctes: Mapping[str, Node]
+    ) -> tuple[Node, Scope]:
+        """One FROM item filtered by WHERE, and its scope: a ranking's bound makes it a TopK,
+        one ``EXISTS``/``IN`` subquery a semi-join, the other conjuncts a Filter."""
+        node = rel.node
+        conjuncts = _conjuncts(where.this) if where is not None else []
+        if isinstance(node, Ranked):
+            node, conjuncts = self.rank_filter(node, conjuncts)
+            rel = Relation(node, rel.qualifiers, rel.label)
+        scope = Scope((rel,))
+        if not conjuncts:
+            return node, scope
+        subqueries = [c for c in conjuncts if _subquery_predicate(c) is not None]
+        plain = [c for c in conjuncts if _subquery_predicate(c) is None]
+        if len(subqueries) > 1:
+            raise self.unsupported("more than one EXISTS/IN subquery in WHERE", subqueries[1])
+        if subqueries:
+            return self.semi_join(rel, subqueries[0], plain, ctes), scope
+        return Filter(node, self.expression(exp.and_(*conjuncts), scope, "WHERE")), scope
+
+    def select_list(
+        self,
+        s: exp.Select,
+        node: Node,
+        scope: Scope,
+        windows: list[exp.Expression],
+        *,
+        need_names: bool,
+    ) -> tuple[Node, list[tuple[str, exp.Expression]], _SortKey | None]:
+        """The SELECT list's ``(name, expression)`` outputs (window items left out) and the
+        node they read: ``node``, or a grouped query's reduce over it; with how an ORDER BY
+        expression becomes one over that node."""
         aggregated = bool(_arg(s, "group") or _arg(s, "having")) or any(
             isinstance(n, exp.AggFunc)
             for i in s.expressions
             for n in i.walk(prune=lambda n: isinstance(n, (exp.Window, exp.Subquery)))
         )
-        sort_key = None
         if aggregated:
             if windows:
                 raise self.unsupported("a window function in a grouped query", windows[0])
             grouped, sort_key = self.grouped(s, node, scope, need_names=need_names)
-            outputs = list(grouped.outputs)
-            node = grouped.input
-        else:
-            outputs = []
-            for item in s.expressions:
-                if item in windows:
-                    continue
-                outputs.extend(self.select_item(item, rel, need_names=need_names))
+            return grouped.input, list(grouped.outputs), sort_key
+        outputs: list[tuple[str, exp.Expression]] = []
+        for item in s.expressions:
+            if item in windows:
+                continue
+            outputs.extend(self.select_item(item, scope, need_names=need_names))
+        return node, outputs, lambda e: self.expression(e, scope, "ORDER BY")
 
-            def sort_key(e: exp.Expression) -> exp.Expression:
-                return self.expression(e, rel, "ORDER BY")
-
-        if not need_names:  # positional branch: any unique names do
-            outputs = [(f"_c{i}", e) for i, (_, e) in enumerate(outputs)]
+    def _check_output_names(
+        self,
+        s: exp.Select,
+        scope: Scope,
+        windows: list[exp.Expression],
+        outputs: list[tuple[str, exp.Expression]],
+    ) -> None:
+        """Refuse an output column named like the engine's columns, or named twice."""
         seen: dict[str, exp.Expression] = {}
-        items = [i for i in self._items_for(s, rel) if i not in windows]
+        items = [i for i in self._items_for(s, scope) if i not in windows]
         for (name, _), item in zip(outputs, items, strict=False):
             if name in RESERVED_COLUMNS:
                 raise self.error(
@@ -307,43 +252,49 @@ class _Lowerer(ReduceLowering):
                     f"duplicate output column {name!r}: give one of them another alias", item
                 )
             seen[name] = item
-        result: Node | Ranked = Project(node, tuple(outputs))
+
+    def ranking(
+        self,
+        s: exp.Select,
+        result: Project,
+        scope: Scope,
+        windows: list[exp.Expression],
+        visible: tuple[str, ...],
+    ) -> Node | Ranked:
+        """``result`` ranked by the SELECT list's ``ROW_NUMBER() OVER (...) AS rank`` or by
+        one inside QUALIFY: bounded by QUALIFY, a TopK; else a :class:`Ranked` left for the
+        enclosing query to bound. ``result`` as it is when the query ranks nothing."""
         qualify = _arg(s, "qualify")
         inline = qualify.find(exp.Window) if qualify is not None and not windows else None
-        if windows or inline is not None:
-            if len(windows) > 1:
-                raise self.unsupported("more than one window function", windows[1])
-            window = _unalias(windows[0]) if windows else inline
-            rank = "_rank"
-            if windows and isinstance(windows[0], exp.Alias):
-                rank = windows[0].alias.lower()
-            elif windows:
-                raise self.error("ROW_NUMBER() needs a name: add AS rn", windows[0])
-            visible = tuple(n for n, _ in outputs)
-            proj, partition, order = self.ranked(window, result, rel)
-            ranked = Ranked(proj, partition, order, rank, visible, window)
-            if qualify is None:
-                if _arg(s, "distinct") or _arg(s, "limit"):
-                    raise self.unsupported("DISTINCT or LIMIT with ROW_NUMBER()", s)
-                return ranked
-            condition = qualify.this
-            if inline is not None:
-                condition = condition.transform(
-                    lambda n: exp.column(rank) if n is inline else n, copy=False
-                )
-            result, rest = self.rank_filter(ranked, _conjuncts(condition))
-            if rest:
-                raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
-            if not windows:
-                result = Project(result, tuple((c, exp.column(c)) for c in visible))
-        elif qualify is not None:
-            raise self.unsupported("QUALIFY without ROW_NUMBER()", qualify)
-        if _arg(s, "distinct"):
-            if isinstance(_arg(s, "distinct"), exp.Distinct) and _arg(s, "distinct").args.get("on"):
-                raise self.unsupported("DISTINCT ON", s)
-            result = self.distinct(result)
-            sort_key = None
-        return self.order_limit(s, result, sort_key)
+        if not windows and inline is None:
+            if qualify is not None:
+                raise self.unsupported("QUALIFY without ROW_NUMBER()", qualify)
+            return result
+        if len(windows) > 1:
+            raise self.unsupported("more than one window function", windows[1])
+        window = _unalias(windows[0]) if windows else inline
+        rank = "_rank"
+        if windows and isinstance(windows[0], exp.Alias):
+            rank = windows[0].alias.lower()
+        elif windows:
+            raise self.error("ROW_NUMBER() needs a name: add AS rn", windows[0])
+        proj, partition, order = self.ranked(window, result, scope)
+        ranked = Ranked(proj, partition, order, rank, visible, window)
+        if qualify is None:
+            if _arg(s, "distinct") or _arg(s, "limit"):
+                raise self.unsupported("DISTINCT or LIMIT with ROW_NUMBER()", s)
+            return ranked
+        condition = qualify.this
+        if inline is not None:
+            condition = condition.transform(
+                lambda n: exp.column(rank) if n is inline else n, copy=False
+            )
+        bounded, rest = self.rank_filter(ranked, _conjuncts(condition))
+        if rest:
+            raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
+        if not windows:
+            bounded = Project(bounded, tuple((c, exp.column(c)) for c in visible))
+        return bounded
 
     def _join_name(self, join: exp.Join) -> str:
         """How the user wrote a join: ``LEFT JOIN``, ``CROSS JOIN``, ``JOIN (FROM a, b)``..."""
@@ -357,13 +308,8 @@ class _Lowerer(ReduceLowering):
             return "JOIN (FROM a, b)"
         return name.strip()
 
-    def _located(self, node: object, fallback: exp.Expression) -> exp.Expression:
-        """``node`` if sqlglot recorded where it is, else ``fallback``."""
-        if isinstance(node, exp.Expression) and position(node, self.sql)[0] is not None:
-            return node
-        return fallback
-
-    def _items_for(self, s: exp.Select, scope: _Scope) -> list[exp.Expression]:
+    def _items_for(self, s: exp.Select, scope: Scope) -> list[exp.Expression]:
+        """The SELECT item behind each output column (a ``*`` once per column it gives)."""
         out: list[exp.Expression] = []
         for item in s.expressions:
             if isinstance(item, exp.Star) or (
@@ -393,7 +339,7 @@ class _Lowerer(ReduceLowering):
 
     def from_items(
         self, first: exp.Expression, joins: list[exp.Join], ctes: Mapping[str, Node]
-    ) -> _Scope:
+    ) -> Scope:
         """The relations of a FROM clause (its first item, then each join's), each with a
         qualifier of its own: unaliased subqueries are ``_subquery``, ``_subquery2``..."""
         relations = [self.relation(first, ctes)]
@@ -405,7 +351,7 @@ class _Lowerer(ReduceLowering):
             if r.qualifiers == {"_subquery"}:
                 auto += 1
                 if auto > 1:
-                    relations[i] = _Relation(r.node, frozenset({f"_subquery{auto}"}), r.label)
+                    relations[i] = Relation(r.node, frozenset({f"_subquery{auto}"}), r.label)
         names = [q for r in relations for q in r.qualifiers]
         if len(set(names)) != len(names):
             dup = next(q for q in names if names.count(q) > 1)
@@ -416,7 +362,7 @@ class _Lowerer(ReduceLowering):
             raise self.unsupported(
                 "a ROW_NUMBER() subquery in a join (define the ranking as a view)", first
             )
-        return _Scope(tuple(relations))
+        return Scope(tuple(relations))
 
     def parenthesized(self, item: exp.Expression, ctes: Mapping[str, Node]) -> Node:
         """A parenthesized join that has an alias, ``(a JOIN b ON ...) AS t``: the join's
@@ -438,7 +384,7 @@ class _Lowerer(ReduceLowering):
 
     def join(
         self,
-        scope: _Scope,
+        scope: Scope,
         joins: list[exp.Join],
         where: exp.Where | None,
         first: exp.Expression,
@@ -458,92 +404,94 @@ class _Lowerer(ReduceLowering):
         column its input's type, as the join would). Each branch is a stateless map of its
         input's updates, so the result is maintained update by update.
         """
-        rels = scope.relations
         self._items = [first, *(j.this for j in joins)]  # where each input is written
-        sides = ["", *(str(j.args.get("side") or "").upper() for j in joins)]
-        on: list[list[tuple[exp.Expression, exp.Expression, _Truth]]] = [[]]
-        for j in joins:
-            cond = j.args.get("on")
-            bare = cond
-            while isinstance(bare, exp.Paren):
-                bare = bare.this
-            if isinstance(bare, exp.Null):
-                raise self.error(
-                    f"{self._join_name(j)} ... ON NULL: the condition has type VOID, not "
-                    "BOOLEAN, and Spark rejects it (write ON false, or CAST(NULL AS BOOLEAN))",
-                    self._located(cond, j),
-                    construct="join condition",
-                )
-            items = []
-            for original in _conjuncts(cond) if cond is not None else []:
-                resolved = self.expression(original, scope, "ON")
-                items.append((original, resolved, _truth(resolved)))
-            on.append(items)
-
-        def never(i: int) -> bool:
-            return any(t in ("false", "null") for _, _, t in on[i])
-
-        def live(i: int) -> list[tuple[exp.Expression, exp.Expression]]:
-            return [(o, c) for o, c, t in on[i] if t != "true"]
-
-        # A left-deep fold: `pool` is an inner join not built yet (its inputs' indices, its
-        # conjuncts, whether one is never true); `built` the node of what is joined so far.
-        members: list[int] = [0]
-        pool: list[tuple[exp.Expression, exp.Expression]] = []
-        empty = False
-        built: Node | None = None
-        keyed_outer: exp.Join | None = None
-        for i in range(1, len(rels)):
-            j, side = joins[i - 1], sides[i]
-            if not side and built is None:
-                members.append(i)
-                pool.extend(live(i))
-                empty = empty or never(i)
-                continue
-            if not side:  # an inner join of an outer join's result
-                if never(i):
-                    built = self.no_rows(scope, [*members, i])
-                    members.append(i)
-                    continue
-                if keyed_outer is not None:
-                    raise self._outer_with_more(keyed_outer)
-                raise self.unsupported(
-                    f"{self._join_name(j)} of an outer join's result (define the outer join "
-                    "as a view and join the view)",
-                    self._located(j.this, j),
-                )
-            if never(i):
-                if built is None:
-                    built = self._pool(scope, members, pool, empty, j)
-                built = self.padded(scope, built, members, i, side)
-                members.append(i)
-                continue
-            if built is not None or len(members) > 1 or empty:
-                raise self._outer_with_more(keyed_outer or j)
-            preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}[side]
-            built = self.keyed_join(scope, [0, i], live(i), preserve, j)
-            members.append(i)
-            keyed_outer = j
-        if built is None:  # inner joins only: WHERE is part of the join
+        on = [[], *(self._on_conjuncts(scope, j) for j in joins)]
+        fold = _Fold()
+        for i in range(1, len(scope.relations)):
+            self._fold_in(scope, fold, i, joins[i - 1], on[i])
+        if fold.built is None:  # inner joins only: WHERE is part of the join
             if where is not None:
-                for original in _conjuncts(where.this):
-                    resolved = self.expression(original, scope, "WHERE")
-                    truth = _truth(resolved)
-                    empty = empty or truth in ("false", "null")
-                    if truth != "true":
-                        pool.append((original, resolved))
-            return self._pool(scope, members, pool, empty, joins[-1])
+                self._pool_where(scope, fold, where)
+            return self._pool(scope, fold.members, fold.pool, fold.empty, joins[-1])
         if where is not None:
             # WHERE filters the outer join's result (padded NULLs included): never pushed.
-            built = Filter(
-                built,
+            return Filter(
+                fold.built,
                 exp.and_(*[self.expression(c, scope, "WHERE") for c in _conjuncts(where.this)]),
             )
-        return built
+        return fold.built
+
+    def _on_conjuncts(self, scope: Scope, j: exp.Join) -> list[_Conjunct]:
+        """The conjuncts of ``j``'s ON, resolved, each with its constant value if it has one;
+        ``ON NULL`` is refused (Spark rejects its type)."""
+        cond = j.args.get("on")
+        bare = cond
+        while isinstance(bare, exp.Paren):
+            bare = bare.this
+        if isinstance(bare, exp.Null):
+            raise self.error(
+                f"{self._join_name(j)} ... ON NULL: the condition has type VOID, not "
+                "BOOLEAN, and Spark rejects it (write ON false, or CAST(NULL AS BOOLEAN))",
+                self._located(cond, j),
+                construct="join condition",
+            )
+        items = []
+        for original in _conjuncts(cond) if cond is not None else []:
+            resolved = self.expression(original, scope, "ON")
+            items.append((original, resolved, _truth(resolved)))
+        return items
+
+    def _fold_in(
+        self, scope: Scope, fold: _Fold, i: int, j: exp.Join, on: list[_Conjunct]
+    ) -> None:
+        """Join relation ``i`` (by ``j``, on the conjuncts ``on``) to what ``fold`` holds: an
+        inner join joins the pool while no outer join is built; an outer join whose
+        condition is never true pads; a keyed outer join must be the only join."""
+        side = str(j.args.get("side") or "").upper()
+        never = any(t in ("false", "null") for _, _, t in on)
+        live = [(o, c) for o, c, t in on if t != "true"]
+        if not side and fold.built is None:
+            fold.members.append(i)
+            fold.pool.extend(live)
+            fold.empty = fold.empty or never
+            return
+        if not side:  # an inner join of an outer join's result
+            if never:
+                fold.built = self.no_rows(scope, [*fold.members, i])
+                fold.members.append(i)
+                return
+            if fold.keyed_outer is not None:
+                raise self._outer_with_more(fold.keyed_outer)
+            raise self.unsupported(
+                f"{self._join_name(j)} of an outer join's result (define the outer join "
+                "as a view and join the view)",
+                self._located(j.this, j),
+            )
+        if never:
+            if fold.built is None:
+                fold.built = self._pool(scope, fold.members, fold.pool, fold.empty, j)
+            fold.built = self.padded(scope, fold.built, fold.members, i, side)
+            fold.members.append(i)
+            return
+        if fold.built is not None or len(fold.members) > 1 or fold.empty:
+            raise self._outer_with_more(fold.keyed_outer or j)
+        preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}[side]
+        fold.built = self.keyed_join(scope, [0, i], live, preserve, j)
+        fold.members.append(i)
+        fold.keyed_outer = j
+
+    def _pool_where(self, scope: Scope, fold: _Fold, where: exp.Where) -> None:
+        """Add WHERE's conjuncts to an inner join's pool (one never true empties it)."""
+        for original in _conjuncts(where.this):
+            resolved = self.expression(original, scope, "WHERE")
+            truth = _truth(resolved)
+            fold.empty = fold.empty or truth in ("false", "null")
+            if truth != "true":
+                fold.pool.append((original, resolved))
 
     def _pool(
         self,
-        scope: _Scope,
+        scope: Scope,
         members: list[int],
         conjuncts: list[tuple[exp.Expression, exp.Expression]],
         empty: bool,
@@ -557,30 +505,32 @@ class _Lowerer(ReduceLowering):
         return self.keyed_join(scope, members, conjuncts, (), at)
 
     def _outer_with_more(self, j: exp.Join) -> SqlError:
+        """The error refusing outer join ``j`` in a join of more than two inputs."""
         return self.unsupported(
             self._join_name(j)
             + " with more than two inputs (define the inner part as a view and outer-join it)",
             self._located(j.this, j),
         )
 
-    def _columns_of(self, scope: _Scope, members: list[int]) -> tuple[str, ...]:
+    def _columns_of(self, scope: Scope, members: list[int]) -> tuple[str, ...]:
+        """The plan names of the columns of relations ``members``, in order."""
         return tuple(scope.internal(m, c) for m in members for c in scope.relations[m].node.columns)
 
-    def _own(self, scope: _Scope, m: int) -> Project:
+    def _own(self, scope: Scope, m: int) -> Project:
         """Relation ``m``'s rows under their names in the join (``alias__column``)."""
         rel = scope.relations[m]
         return Project(
             rel.node, tuple((scope.internal(m, c), exp.column(c)) for c in rel.node.columns)
         )
 
-    def no_rows(self, scope: _Scope, members: list[int]) -> Node:
+    def no_rows(self, scope: Scope, members: list[int]) -> Node:
         """The columns of ``members`` joined, with no row: one empty branch per input (its
         column types, NULL elsewhere), so UNION ALL's typing gives each column its input's
         type."""
         names = self._columns_of(scope, members)
         return _union([self._empty(scope, m, names) for m in members])
 
-    def _empty(self, scope: _Scope, m: int, names: tuple[str, ...]) -> Node:
+    def _empty(self, scope: Scope, m: int, names: tuple[str, ...]) -> Node:
         """Relation ``m``'s columns (the others of ``names`` NULL), with no row: its inputs
         read through ``Filter FALSE``, so only their types reach the result."""
         rel = scope.relations[m]
@@ -593,7 +543,7 @@ class _Lowerer(ReduceLowering):
         columns = tuple((scope.internal(m, c), exp.column(c)) for c in rel.node.columns)
         return _widened(Project(_no_rows(rel.node), columns), names)
 
-    def padded(self, scope: _Scope, left: Node, members: list[int], i: int, side: str) -> Node:
+    def padded(self, scope: Scope, left: Node, members: list[int], i: int, side: str) -> Node:
         """``left`` (the join of ``members``) outer-joined with relation ``i`` on a condition
         that is never true: the preserved sides' rows padded with NULLs."""
         names = self._columns_of(scope, [*members, i])
@@ -609,7 +559,7 @@ class _Lowerer(ReduceLowering):
 
     def keyed_join(
         self,
-        scope: _Scope,
+        scope: Scope,
         members: list[int],
         conjuncts: list[tuple[exp.Expression, exp.Expression]],
         preserve: tuple[int, ...],
@@ -620,7 +570,6 @@ class _Lowerer(ReduceLowering):
         input filter, a key equivalence or a residual, and every input must be connected by
         keys (``at``: where a missing key is reported)."""
         decomposed = {m: self.decompose(scope.relations[m]) for m in members}
-        index = {m: k for k, m in enumerate(members)}
         subs: dict[int, dict[str, exp.Expression]] = {}
         for m, (_, _, outmap) in decomposed.items():
             rel = scope.relations[m]
@@ -628,14 +577,48 @@ class _Lowerer(ReduceLowering):
         pushed: dict[int, list[exp.Expression]] = {
             m: [p] if p is not None else [] for m, (_, p, _) in decomposed.items()
         }
-        parent: dict[tuple[int, str], tuple[int, str]] = {}
+        optional = set(range(len(members))) - set(preserve) if preserve else set()
+        equalities, residual = self._place_conjuncts(
+            scope, members, conjuncts, preserve, optional, pushed, subs
+        )
+        classes = self._one_key_per_input(
+            _key_classes(equalities),
+            members,
+            pushed,
+            subs,
+            optional if preserve else None,
+            at,
+        )
+        self._check_connected(scope, members, classes, at)
+        inputs_ = []
+        for m in members:
+            get, _, outmap = decomposed[m]
+            predicate = exp.and_(*pushed[m]) if pushed[m] else None
+            rel = scope.relations[m]
+            outputs = tuple((scope.internal(m, c), outmap[c]) for c in rel.node.columns)
+            inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
+        return Join(tuple(inputs_), classes, tuple(residual), preserve)
 
-        def find(x: tuple[int, str]) -> tuple[int, str]:
-            while parent.setdefault(x, x) != x:
-                x = parent[x]
-            return x
+    def _place_conjuncts(
+        self,
+        scope: Scope,
+        members: list[int],
+        conjuncts: list[tuple[exp.Expression, exp.Expression]],
+        preserve: tuple[int, ...],
+        optional: set[int],
+        pushed: dict[int, list[exp.Expression]],
+        subs: dict[int, dict[str, exp.Expression]],
+    ) -> tuple[list[tuple[_KeyColumn, _KeyColumn]], list[exp.Expression]]:
+        """Place each conjunct of a join: one reading a single input becomes that input's
+        filter (appended to ``pushed``), an equality of two inputs' columns a key equality,
+        any other a residual. An outer join's ON may hold only key equalities and conditions
+        on its ``optional`` side; a conjunct reading an input joined later is refused.
 
-        optional = {index[m] for m in members} - set(preserve) if preserve else set()
+        Returns:
+            the key equalities, as ``(input position, column)`` pairs, and the residuals.
+        """
+        index = {m: k for k, m in enumerate(members)}
+        equalities: list[tuple[_KeyColumn, _KeyColumn]] = []
         residual: list[exp.Expression] = []
         for original, c in conjuncts:
             owners = {scope.owner(n) for n in referenced_columns(c)}
@@ -667,21 +650,20 @@ class _Lowerer(ReduceLowering):
                 pushed[o].append(_substitute(c, subs[o]))
             elif key:
                 a, b = c.this.name, c.expression.name
-                parent[find((index[scope.owner(a)], a))] = find((index[scope.owner(b)], b))
+                equalities.append(((index[scope.owner(a)], a), (index[scope.owner(b)], b)))
             else:
                 residual.append(c)
-        groups: dict[tuple[int, str], list[tuple[int, str]]] = {}
-        for x in list(parent):
-            groups.setdefault(find(x), []).append(x)
-        classes = self._one_key_per_input(
-            [sorted(g) for g in groups.values() if len(g) > 1],
-            members,
-            pushed,
-            subs,
-            optional if preserve else None,
-            at,
-        )
-        # Connected: every input reachable from the first through key equalities.
+        return equalities, residual
+
+    def _check_connected(
+        self,
+        scope: Scope,
+        members: list[int],
+        classes: tuple[tuple[_KeyColumn, ...], ...],
+        at: exp.Join,
+    ) -> None:
+        """Refuse a cross join: every input must be reached from the first through key
+        equalities."""
         reached, frontier = {0}, [0]
         while frontier:
             k = frontier.pop()
@@ -691,7 +673,7 @@ class _Lowerer(ReduceLowering):
                     for n in inputs - reached:
                         reached.add(n)
                         frontier.append(n)
-        missing = [scope.relations[m] for m in members if index[m] not in reached]
+        missing = [scope.relations[m] for k, m in enumerate(members) if k not in reached]
         if missing:
             raise self.error(
                 f"cross join: no equality links {missing[0].label} to the other inputs; add "
@@ -699,14 +681,6 @@ class _Lowerer(ReduceLowering):
                 self._located(at.this, at),
                 construct="cross join",
             )
-        inputs_ = []
-        for m in members:
-            get, _, outmap = decomposed[m]
-            predicate = exp.and_(*pushed[m]) if pushed[m] else None
-            rel = scope.relations[m]
-            outputs = tuple((scope.internal(m, c), outmap[c]) for c in rel.node.columns)
-            inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
-        return Join(tuple(inputs_), classes, tuple(residual), preserve)
 
     def _one_key_per_input(
         self,
@@ -746,7 +720,7 @@ class _Lowerer(ReduceLowering):
 
     def semi_join(
         self,
-        outer: _Relation,
+        outer: Relation,
         predicate: exp.Expression,
         others: list[exp.Expression],
         ctes: Mapping[str, Node],
@@ -757,6 +731,38 @@ class _Lowerer(ReduceLowering):
         (the keys) and conditions on its own columns (its filter).
         """
         kind, query, probe = _subquery_predicate(predicate)
+        select, item = self._subquery_select(kind, query, predicate)
+        inner = self.relation(item, ctes)
+        if inner.qualifiers & outer.qualifiers:
+            raise self.error(
+                f"the subquery's table has the outer query's name {inner.alias!r}: alias one",
+                item,
+            )
+        pair = Scope((outer, inner))
+        keys, inner_filters = self._correlation(select, pair, kind)
+        if probe is not None:
+            keys.append(self._in_key(select, probe, pair, predicate))
+        if not keys:
+            raise self.unsupported(
+                f"uncorrelated {kind} (it tests whether the subquery is empty at all)", predicate
+            )
+        mine, theirs = self._semi_inputs(pair, keys, others, inner_filters)
+        plain_keys = tuple((a.split("__", 1)[1], b) for a, b in keys)
+        if kind == "NOT IN":
+            if len(plain_keys) != 1:
+                raise self.unsupported(
+                    "NOT IN over a correlated subquery (its NULL rules then depend on each "
+                    "outer row; write NOT EXISTS)",
+                    predicate,
+                )
+            return SemiJoin(mine, theirs, plain_keys, True, null_aware=True, label=self.label())
+        return SemiJoin(mine, theirs, plain_keys, anti=kind == "NOT EXISTS")
+
+    def _subquery_select(
+        self, kind: str, query: exp.Expression, predicate: exp.Expression
+    ) -> tuple[exp.Select, exp.Expression]:
+        """The SELECT of an ``EXISTS``/``IN`` subquery and its one FROM item; refuses set
+        operations, joins, grouping, limits and the clauses a SELECT may not have."""
         select = query
         while isinstance(select, exp.Subquery):
             select = select.this
@@ -779,29 +785,18 @@ class _Lowerer(ReduceLowering):
         from_ = _arg(select, "from")
         if not isinstance(from_, exp.From):
             raise self.unsupported(f"{kind} without FROM", predicate)
-        inner = self.relation(from_.this, ctes)
-        if inner.qualifiers & outer.qualifiers:
-            raise self.error(
-                f"the subquery's table has the outer query's name {inner.alias!r}: alias one",
-                from_.this,
-            )
-        pair = _Scope((outer, inner))
-        inner_cols = set(inner.node.columns)
+        return select, from_.this
 
-        def qualify(e: exp.Expression) -> exp.Expression:
-            # SQL scoping: an unqualified name is the subquery's column if it has one.
-            def q(n: exp.Expression) -> exp.Expression:
-                if isinstance(n, exp.Column) and not n.table:
-                    owner = inner if n.name.lower() in inner_cols else outer
-                    return exp.column(n.name, table=owner.alias)
-                return n
-
-            return e.copy().transform(q)
-
+    def _correlation(
+        self, select: exp.Select, pair: Scope, kind: str
+    ) -> tuple[list[tuple[str, str]], list[exp.Expression]]:
+        """The subquery's WHERE split into key equalities with the outer row (``(outer
+        column, inner column)`` plan names) and filters on its own columns; refuses the rest."""
+        outer, inner = pair.relations
         conjuncts = []
         where = _arg(select, "where")
         if isinstance(where, exp.Where):
-            conjuncts = [qualify(c) for c in _conjuncts(where.this)]
+            conjuncts = [_qualified(c, outer, inner) for c in _conjuncts(where.this)]
         keys: list[tuple[str, str]] = []
         inner_filters: list[exp.Expression] = []
         for original in conjuncts:
@@ -823,32 +818,47 @@ class _Lowerer(ReduceLowering):
                     "equalities with the outer row and conditions on the subquery's own columns)",
                     original,
                 )
-        if probe is not None:
-            if len(select.expressions) != 1:
-                raise self.error("the IN subquery must select exactly one column", select)
-            if isinstance(probe, exp.Column) and not probe.table:
-                probe = exp.column(probe.name, table=outer.alias)
-            left = self.expression(probe, pair, "WHERE")
-            item = select.expressions[0]
-            item = item.this if isinstance(item, exp.Alias) else item
-            right = self.expression(qualify(item), pair, "WHERE")
-            if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
-                raise self.unsupported(
-                    "IN (subquery) over expressions (compare columns)", predicate
-                )
-            if pair.owner(left.name) != 0 or pair.owner(right.name) != 1:
-                raise self.unsupported(
-                    "IN (subquery) that does not compare an outer column", predicate
-                )
-            keys.append((left.name, right.name))
-        if not keys:
+        return keys, inner_filters
+
+    def _in_key(
+        self,
+        select: exp.Select,
+        probe: exp.Expression,
+        pair: Scope,
+        predicate: exp.Expression,
+    ) -> tuple[str, str]:
+        """The key of ``probe IN (SELECT item ...)``: an outer column and the subquery's one
+        selected column (plan names); expressions on either side are refused."""
+        outer, inner = pair.relations
+        if len(select.expressions) != 1:
+            raise self.error("the IN subquery must select exactly one column", select)
+        if isinstance(probe, exp.Column) and not probe.table:
+            probe = exp.column(probe.name, table=outer.alias)
+        left = self.expression(probe, pair, "WHERE")
+        item = _unalias(select.expressions[0])
+        right = self.expression(_qualified(item, outer, inner), pair, "WHERE")
+        if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
+            raise self.unsupported("IN (subquery) over expressions (compare columns)", predicate)
+        if pair.owner(left.name) != 0 or pair.owner(right.name) != 1:
             raise self.unsupported(
-                f"uncorrelated {kind} (it tests whether the subquery is empty at all)", predicate
+                "IN (subquery) that does not compare an outer column", predicate
             )
+        return left.name, right.name
+
+    def _semi_inputs(
+        self,
+        pair: Scope,
+        keys: list[tuple[str, str]],
+        others: list[exp.Expression],
+        inner_filters: list[exp.Expression],
+    ) -> tuple[JoinInput, JoinInput]:
+        """The semi-join's two inputs: the outer rows, filtered by the WHERE's ``others``
+        conjuncts, and the subquery's collection, filtered, reduced to its key columns."""
+        outer, inner = pair.relations
         get_a, pred_a, out_a = self.decompose(outer)
         get_b, pred_b, out_b = self.decompose(inner)
         sub_b = {pair.internal(1, c): out_b[c] for c in inner.node.columns}
-        single = _Scope((outer,))
+        single = Scope((outer,))
         a_filters = [pred_a] if pred_a is not None else []
         a_filters += [_substitute(self.expression(o, single, "WHERE"), out_a) for o in others]
         b_filters = [pred_b] if pred_b is not None else []
@@ -865,19 +875,10 @@ class _Lowerer(ReduceLowering):
             exp.and_(*b_filters) if b_filters else None,
             tuple((b, sub_b[b]) for b in dict.fromkeys(b for _, b in keys)),
         )
-        plain_keys = tuple((a.split("__", 1)[1], b) for a, b in keys)
-        if kind == "NOT IN":
-            if len(plain_keys) != 1:
-                raise self.unsupported(
-                    "NOT IN over a correlated subquery (its NULL rules then depend on each "
-                    "outer row; write NOT EXISTS)",
-                    predicate,
-                )
-            return SemiJoin(mine, theirs, plain_keys, True, null_aware=True, label=self.label())
-        return SemiJoin(mine, theirs, plain_keys, anti=kind == "NOT EXISTS")
+        return mine, theirs
 
     def decompose(
-        self, rel: _Relation
+        self, rel: Relation
     ) -> tuple[Get, exp.Expression | None, dict[str, exp.Expression]]:
         """A join input as (collection, filter, column -> expression over the collection)."""
         node = simplify(rel.node)
@@ -897,7 +898,8 @@ class _Lowerer(ReduceLowering):
             None,
         )
 
-    def relation(self, item: exp.Expression, ctes: Mapping[str, Node]) -> _Relation:
+    def relation(self, item: exp.Expression, ctes: Mapping[str, Node]) -> Relation:
+        """A FROM item (a source, view, CTE or subquery) as a relation with its qualifiers."""
         if isinstance(item, exp.Table):
             if item.args.get("db") or item.args.get("catalog"):
                 raise self.error(
@@ -909,7 +911,7 @@ class _Lowerer(ReduceLowering):
             alias = item.alias.lower() if item.alias else ""
             qualifiers = frozenset({alias} if alias else {name})
             if name in ctes:
-                return _Relation(ctes[name], qualifiers, f"CTE {name}")
+                return Relation(ctes[name], qualifiers, f"CTE {name}")
             entry = self.catalog.get(name)
             if entry is None:
                 known = ", ".join(sorted(self.catalog)) or "none"
@@ -917,18 +919,19 @@ class _Lowerer(ReduceLowering):
             kind, columns = entry
             if name == self.view.name:
                 raise self.error(f"view {name!r} refers to itself", item)
-            return _Relation(Get(name, kind, columns), qualifiers, f"{kind} {name}")
+            return Relation(Get(name, kind, columns), qualifiers, f"{kind} {name}")
         if isinstance(item, exp.Subquery):
             alias = item.alias.lower() if item.alias else "_subquery"  # Spark allows none
             node = self.query(item.this, ctes)
-            return _Relation(node, frozenset({alias}), f"subquery {item.alias}".strip())
+            return Relation(node, frozenset({alias}), f"subquery {item.alias}".strip())
         raise self.unsupported(f"FROM {type(item).__name__}", item)
 
     # -- expressions -----------------------------------------------------------------------
 
     def select_item(
-        self, item: exp.Expression, rel: _Scope, *, need_names: bool = True
+        self, item: exp.Expression, rel: Scope, *, need_names: bool = True
     ) -> list[tuple[str, exp.Expression]]:
+        """The ``(name, expression)`` outputs of one item of an ungrouped SELECT list."""
         if isinstance(item, exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
         ):
@@ -949,89 +952,53 @@ class _Lowerer(ReduceLowering):
             f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name", item
         )
 
-    def check_qualifier(self, qualifier: str, node: exp.Expression, rel: _Scope) -> None:
-        if qualifier.lower() not in rel.qualifiers:
-            raise self.error(
-                f"unknown table or alias {qualifier!r} in {node.sql(dialect='spark')!r} "
-                f"(in scope: {', '.join(rel.qualifiers)})",
-                node,
-            )
 
-    def expression(
-        self, e: exp.Expression, rel: _Scope, clause: str, *, aggregates: bool = False
-    ) -> exp.Expression:
-        """Validate ``e`` and return it with columns resolved to unqualified input names.
+@dataclass
+class _Fold:
+    """A FROM clause's joins folded left to right, so far: ``members``, the inputs joined;
+    ``built``, their node once an outer join is built (None while every join is inner);
+    until then ``pool``, the inner join's conjuncts not always true, and ``empty``, whether
+    one is never true. ``keyed_outer``: the outer join with keys, if one is built."""
 
-        Args:
-            aggregates: aggregate calls are allowed (SELECT and HAVING of a grouped query).
-        """
-        for node in e.walk():
-            if isinstance(node, exp.AggFunc) and not aggregates:
-                raise self.error(
-                    f"aggregate function {node.key.upper()} in {clause}",
-                    node,
-                    construct=f"aggregate in {clause}",
-                )
-            if isinstance(node, exp.Window):
-                raise self.unsupported("window function (OVER)", node)
-            if isinstance(node, (exp.Subquery, exp.Exists)) or (
-                isinstance(node, exp.In) and node.args.get("query")
-            ):
-                raise self.unsupported(f"subquery in {clause}", node)
-            if isinstance(node, (exp.Rand, exp.Randn, exp.Uuid)) or type(node).__name__.startswith(
-                "Current"
-            ):
-                raise self.error(
-                    f"{node.sql(dialect='spark')} is not deterministic: a view must give the "
-                    "same row for the same input, or deletes could not retract it",
-                    node,
-                    construct=type(node).__name__,
-                )
-            if isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC_ANONYMOUS:
-                raise self.error(
-                    f"{node.name}() is not deterministic: a view must give the same row for "
-                    "the same input",
-                    node,
-                    construct=node.name,
-                )
-            if isinstance(node, exp.Star) and not (
-                isinstance(node.parent, exp.Column)
-                or (aggregates and isinstance(node.parent, exp.Count))
-            ):
-                raise self.error(f"'*' is not allowed in {clause} expressions", node)
+    members: list[int] = field(default_factory=lambda: [0])
+    pool: list[tuple[exp.Expression, exp.Expression]] = field(default_factory=list)
+    empty: bool = False
+    built: Node | None = None
+    keyed_outer: exp.Join | None = None
 
-        def resolve(node: exp.Expression) -> exp.Expression:
-            if not isinstance(node, exp.Column):
-                return node
-            name = node.name.lower()
-            if node.table:
-                self.check_qualifier(node.table, node, rel)
-                candidates = [
-                    i for i, r in enumerate(rel.relations) if node.table.lower() in r.qualifiers
-                ]
-            else:
-                candidates = [i for i, r in enumerate(rel.relations) if name in r.node.columns]
-                if len(candidates) > 1:
-                    owners = ", ".join(rel.relations[i].alias for i in candidates)
-                    raise self.error(
-                        f"column {name!r} is ambiguous: it is in {owners}; qualify it", node
-                    )
-            if not candidates or name not in rel.relations[candidates[0]].node.columns:
-                where = rel.relations[candidates[0]] if candidates else None
-                label = where.label if where else " or ".join(r.label for r in rel.relations)
-                columns = (
-                    where.node.columns
-                    if where
-                    else [c for r in rel.relations for c in r.node.columns]
-                )
-                raise self.error(
-                    f"unknown column {node.sql(dialect='spark')!r} in {label} "
-                    f"(columns: {', '.join(columns)})",
-                    node,
-                )
-            return exp.column(rel.internal(candidates[0], name))
 
-        return e.copy().transform(resolve)
+def _key_classes(
+    equalities: list[tuple[_KeyColumn, _KeyColumn]],
+) -> list[list[_KeyColumn]]:
+    """The equivalence classes of ``(input, column)`` that key equalities make (union-find),
+    each sorted, in the order their roots were first met; singletons left out."""
+    parent: dict[_KeyColumn, _KeyColumn] = {}
+
+    def find(x: _KeyColumn) -> _KeyColumn:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in equalities:
+        parent[find(a)] = find(b)
+    groups: dict[_KeyColumn, list[_KeyColumn]] = {}
+    for x in list(parent):
+        groups.setdefault(find(x), []).append(x)
+    return [sorted(g) for g in groups.values() if len(g) > 1]
+
+
+def _qualified(e: exp.Expression, outer: Relation, inner: Relation) -> exp.Expression:
+    """A copy of ``e``, written in a subquery over ``inner``, with each unqualified column
+    qualified as SQL scopes it: the subquery's column if it has one, else the outer row's."""
+    inner_cols = set(inner.node.columns)
+
+    def qualify(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and not n.table:
+            owner = inner if n.name.lower() in inner_cols else outer
+            return exp.column(n.name, table=owner.alias)
+        return n
+
+    return e.copy().transform(qualify)
 
 
 def _has_joins(e: exp.Expression) -> bool:
@@ -1101,6 +1068,12 @@ def _no_rows(node: Node) -> Node:
 _Truth = Literal["true", "false", "null"] | None
 """A condition's constant value (SQL's three), or None: it reads columns, or the planner
 does not evaluate it (Spark does, as any other condition)."""
+
+_Conjunct = tuple[exp.Expression, exp.Expression, _Truth]
+"""A join condition's conjunct: as written, resolved, and its constant value."""
+
+_KeyColumn = tuple[int, str]
+"""A join key column: the input's position in the join and the column's plan name."""
 
 _UNKNOWN = object()
 
@@ -1243,6 +1216,7 @@ def _subquery_predicate(
 
 
 def _unalias(e: exp.Expression) -> exp.Expression:
+    """``e`` without its ``AS name``."""
     return e.this if isinstance(e, exp.Alias) else e
 
 

@@ -1,5 +1,6 @@
 """Lowering of the stateful constructs: GROUP BY, aggregates, HAVING, DISTINCT, set operations
-and TopK (``ORDER BY ... LIMIT`` and ``ROW_NUMBER() ... <= k``). Mixed into the lowerer.
+and TopK (``ORDER BY ... LIMIT`` and ``ROW_NUMBER() ... <= k``), as :class:`ReduceLowering`,
+the base class of :mod:`ivm.sql.lower`'s lowerer (names resolve in :mod:`ivm.sql.scope`).
 
 Owns how SQL's grouped queries become ``Project -> Reduce -> Filter (HAVING) -> Project``:
 group expressions and aggregate arguments are computed by a projection before the reduce, so
@@ -9,22 +10,23 @@ decided later by :mod:`ivm.plan.reduce`.
 
 Contract in ``(data, time, diff)`` terms: the nodes built here denote the same collection as
 the SQL; they are not linear, so the engine maintains them from state, never by mapping
-updates one by one.
+updates one by one. Refused with ``SqlError`` naming the construct and its ``line:col``:
+ROLLUP/CUBE/GROUPING SETS, ``SELECT *`` or a column neither grouped nor aggregated in a
+grouped query, aggregates not in ``SUPPORTED_AGGREGATES``, LIMIT without ORDER BY or with a
+bound that is no integer literal, window functions other than ``ROW_NUMBER()``, and a ranking
+no filter bounds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from ivm.errors import InvariantViolation, SqlError
+from ivm.errors import InvariantViolation
 from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
-
-if TYPE_CHECKING:
-    from ivm.sql.lower import _Scope
+from ivm.sql.scope import LoweringContext, Scope
 
 _AGG_CLASSES: dict[str, str] = {
     "Count": "count",
@@ -74,6 +76,31 @@ class _Call:
     order: tuple[tuple[exp.Expression, bool, bool], ...]
 
 
+@dataclass
+class _Grouping:
+    """One grouped SELECT being lowered: the columns the projection before the reduce
+    computes, the group keys among them, and the aggregate calls registered so far."""
+
+    scope: Scope
+    pre: dict[str, tuple[str, exp.Expression]] = field(default_factory=dict)
+    """An expression's SQL -> (its column, the expression), in the projection's order."""
+    keys: list[str] = field(default_factory=list)
+    key_sql: dict[str, str] = field(default_factory=dict)
+    """A group key's SQL -> its column, once every key is known."""
+    calls: dict[tuple[object, ...], str] = field(default_factory=dict)
+    """A call's signature -> the reduce's output column for it."""
+    aggregates: list[Aggregate] = field(default_factory=list)
+
+    def column(self, e: exp.Expression, prefix: str) -> str:
+        """The projection's column computing ``e`` (a new ``_<prefix>N`` unless ``e`` is
+        a column or already computed)."""
+        key = e.sql()
+        if key not in self.pre:
+            name = e.name if isinstance(e, exp.Column) else f"_{prefix}{len(self.pre)}"
+            self.pre[key] = (name, e)
+        return self.pre[key][0]
+
+
 @dataclass(frozen=True)
 class Ranked:
     """A SELECT with ``ROW_NUMBER() OVER (...) AS rank``: a TopK waiting for its ``rank <= k``.
@@ -93,26 +120,13 @@ class Ranked:
         return self.visible + (self.rank,)
 
 
-class ReduceLowering:
-    """Methods of the lowerer for the stateful constructs (needs ``error``, ``unsupported``,
-    ``expression``, ``_located`` and ``hints`` from the lowerer)."""
-
-    error: Callable[..., SqlError]
-    unsupported: Callable[..., SqlError]
-    expression: Callable[..., exp.Expression]
-    group_size: int | None
-    topk_spare: int | None
-    _labels: int
-
-    def label(self) -> str:
-        """A fresh name for a stateful node (names its state tables)."""
-        self._labels += 1
-        return f"r{self._labels - 1}"
+class ReduceLowering(LoweringContext):
+    """The lowerer's methods for the stateful constructs; :mod:`ivm.sql.lower` extends it."""
 
     # -- GROUP BY -------------------------------------------------------------------------
 
     def grouped(
-        self, s: exp.Select, node: Node, scope: _Scope, *, need_names: bool
+        self, s: exp.Select, node: Node, scope: Scope, *, need_names: bool
     ) -> tuple[Node, Callable[[exp.Expression], exp.Expression]]:
         """A grouped SELECT: ``Project(Filter(Reduce(Project(node))))``.
 
@@ -120,117 +134,150 @@ class ReduceLowering:
             the plan, and a function rewriting an expression over the FROM scope (e.g. an
             ORDER BY item) into one over the reduce's output.
         """
+        self._refuse_grouping(s)
+        grouping = _Grouping(scope)
+        self._group_keys(grouping, s)
+        outputs: list[tuple[str, exp.Expression]] = []
+        for i, item in enumerate(s.expressions):
+            name = self._grouped_output_name(item, i, need_names)
+            inner = item.this if isinstance(item, exp.Alias) else item
+            outputs.append((name, self._over_groups(grouping, inner, "SELECT", name)))
+        having = s.args.get("having")
+        having_expr = (
+            self._over_groups(grouping, having.this, "HAVING") if having is not None else None
+        )
+        if not grouping.keys and not grouping.aggregates:
+            raise self.error("GROUP BY without keys or aggregates", s)
+        pre_project = Project(node, tuple((n, e) for n, e in grouping.pre.values()))
+        reduce_node: Node = Reduce(
+            pre_project,
+            tuple(grouping.keys),
+            tuple(grouping.aggregates),
+            self.label(),
+            self.group_size,
+        )
+        if having_expr is not None:
+            reduce_node = Filter(reduce_node, having_expr)
+        return Project(reduce_node, tuple(outputs)), lambda e: self._over_groups(
+            grouping, e, "ORDER BY"
+        )
+
+    def _refuse_grouping(self, s: exp.Select) -> None:
+        """Refuse ROLLUP, CUBE, GROUPING SETS and ``SELECT *`` in a grouped query."""
         group = s.args.get("group")
         for key in ("rollup", "cube", "grouping_sets"):
             if group is not None and group.args.get(key):
                 raise self.unsupported(f"GROUP BY {key.upper().replace('_', ' ')}", group)
-        items = list(s.expressions)
-        for item in items:
+        for item in s.expressions:
             if isinstance(item, exp.Star) or (
                 isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
             ):
                 raise self.error("SELECT * in a grouped query: name the columns", s)
-        pre: dict[str, tuple[str, exp.Expression]] = {}  # sql -> (column, expression)
 
-        def pre_column(e: exp.Expression, prefix: str) -> str:
-            key = e.sql()
-            if key not in pre:
-                name = e.name if isinstance(e, exp.Column) else f"_{prefix}{len(pre)}"
-                pre[key] = (name, e)
-            return pre[key][0]
-
-        keys: list[str] = []
+    def _group_keys(self, grouping: _Grouping, s: exp.Select) -> None:
+        """Resolve the GROUP BY items into key columns of the pre-projection, in order,
+        each once; then note each key's SQL (to recognise it in SELECT, HAVING, ORDER BY)."""
+        group = s.args.get("group")
+        items = list(s.expressions)
         for g in group.expressions if group is not None else []:
-            target = g
-            if isinstance(g, exp.Literal) and not g.is_string:
-                position = int(g.this)
-                if not 1 <= position <= len(items):
-                    raise self.error(f"GROUP BY {position}: the SELECT list has {len(items)}", g)
-                target = items[position - 1]
-            elif isinstance(g, exp.Column) and not g.table:
-                alias = next(
-                    (i for i in items if isinstance(i, exp.Alias) and i.alias.lower() == g.name),
-                    None,
-                )
-                known = {c for r in scope.relations for c in r.node.columns}
-                if alias is not None and g.name.lower() not in known:
-                    target = alias
-            if isinstance(target, exp.Alias):
-                target = target.this
-            resolved = self.expression(target, scope, "GROUP BY")
-            name = pre_column(resolved, "g")
-            if name not in keys:
-                keys.append(name)
-        group_sql = {e.sql(): n for n, e in pre.values() if n in keys}
-        calls: dict[tuple, str] = {}
-        aggregates: list[Aggregate] = []
+            target = self._group_target(g, items, grouping.scope)
+            resolved = self.expression(target, grouping.scope, "GROUP BY")
+            name = grouping.column(resolved, "g")
+            if name not in grouping.keys:
+                grouping.keys.append(name)
+        grouping.key_sql = {e.sql(): n for n, e in grouping.pre.values() if n in grouping.keys}
 
-        def register(call: _Call, at: exp.Expression, prefer: str | None = None) -> str:
-            arg = None
-            if call.arg is not None:
-                arg = pre_column(call.arg, "a")
-            order = tuple((pre_column(e, "a"), d, nf) for e, d, nf in call.order)
-            func = call.func
-            distinct = call.distinct and func not in ("min", "max")
-            if func == "median":
-                func, params = "percentile_cont", (0.5,)
-            else:
-                params = call.params
-            sig = (func, arg, distinct, params, order)
-            if sig not in calls:
-                taken = set(keys) | set(calls.values())
-                calls[sig] = prefer if prefer and prefer not in taken else f"_agg{len(calls)}"
-                try:
-                    aggregates.append(Aggregate(calls[sig], func, arg, distinct, params, order))
-                except InvariantViolation as e:  # a malformed call
-                    raise self.error(str(e), at) from e
-            return calls[sig]
+    def _group_target(
+        self, g: exp.Expression, items: list[exp.Expression], scope: Scope
+    ) -> exp.Expression:
+        """What a GROUP BY item groups by: a SELECT item by position (``GROUP BY 1``) or by
+        alias (unless an input column has that name), else the item itself."""
+        target = g
+        if isinstance(g, exp.Literal) and not g.is_string:
+            position = int(g.this)
+            if not 1 <= position <= len(items):
+                raise self.error(f"GROUP BY {position}: the SELECT list has {len(items)}", g)
+            target = items[position - 1]
+        elif isinstance(g, exp.Column) and not g.table:
+            alias = next(
+                (i for i in items if isinstance(i, exp.Alias) and i.alias.lower() == g.name),
+                None,
+            )
+            known = {c for r in scope.relations for c in r.node.columns}
+            if alias is not None and g.name.lower() not in known:
+                target = alias
+        if isinstance(target, exp.Alias):
+            target = target.this
+        return target
 
-        def rewrite(e: exp.Expression, clause: str, prefer: str | None = None) -> exp.Expression:
-            resolved = self.expression(e, scope, clause, aggregates=True)
-
-            def sub(n: exp.Expression) -> exp.Expression:
-                if n.sql() in group_sql:
-                    return exp.column(group_sql[n.sql()])
-                call = self.aggregate_call(n)
-                if call is not None:
-                    return exp.column(register(call, n, prefer if n.parent is None else None))
-                if isinstance(n, exp.Column):
-                    user = n.name.replace("__", ".", 1)
-                    raise self.error(
-                        f"column {user!r} must appear in GROUP BY or inside an aggregate function",
-                        _find_column(e, n.name.split("__")[-1]) or e,
-                    )
-                return n
-
-            return resolved.transform(sub)
-
-        outputs: list[tuple[str, exp.Expression]] = []
-        for i, item in enumerate(items):
-            inner = item.this if isinstance(item, exp.Alias) else item
-            if isinstance(item, exp.Alias):
-                name = item.alias.lower()
-            elif isinstance(item, exp.Column):
-                name = item.name.lower()
-            elif not need_names:
-                name = f"_c{i}"
-            else:
-                raise self.error(
-                    f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name",
-                    item,
-                )
-            outputs.append((name, rewrite(inner, "SELECT", name)))
-        having = s.args.get("having")
-        having_expr = rewrite(having.this, "HAVING") if having is not None else None
-        if not keys and not aggregates:
-            raise self.error("GROUP BY without keys or aggregates", s)
-        pre_project = Project(node, tuple((n, e) for n, e in pre.values()))
-        reduce_node: Node = Reduce(
-            pre_project, tuple(keys), tuple(aggregates), self.label(), self.group_size
+    def _grouped_output_name(self, item: exp.Expression, i: int, need_names: bool) -> str:
+        """The output column name of SELECT item ``i`` of a grouped query."""
+        if isinstance(item, exp.Alias):
+            return item.alias.lower()
+        if isinstance(item, exp.Column):
+            return item.name.lower()
+        if not need_names:
+            return f"_c{i}"
+        raise self.error(
+            f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name",
+            item,
         )
-        if having_expr is not None:
-            reduce_node = Filter(reduce_node, having_expr)
-        return Project(reduce_node, tuple(outputs)), lambda e: rewrite(e, "ORDER BY")
+
+    def _over_groups(
+        self, grouping: _Grouping, e: exp.Expression, clause: str, prefer: str | None = None
+    ) -> exp.Expression:
+        """``e`` (over the FROM scope) as an expression over the reduce's output: group
+        keys and aggregate calls become its columns; any other column is refused.
+
+        Args:
+            prefer: the name for the aggregate when ``e`` is one call (its SELECT alias).
+        """
+        resolved = self.expression(e, grouping.scope, clause, aggregates=True)
+
+        def sub(n: exp.Expression) -> exp.Expression:
+            if n.sql() in grouping.key_sql:
+                return exp.column(grouping.key_sql[n.sql()])
+            call = self.aggregate_call(n)
+            if call is not None:
+                name = self._register(grouping, call, n, prefer if n.parent is None else None)
+                return exp.column(name)
+            if isinstance(n, exp.Column):
+                user = n.name.replace("__", ".", 1)
+                raise self.error(
+                    f"column {user!r} must appear in GROUP BY or inside an aggregate function",
+                    _find_column(e, n.name.split("__")[-1]) or e,
+                )
+            return n
+
+        return resolved.transform(sub)
+
+    def _register(
+        self, grouping: _Grouping, call: _Call, at: exp.Expression, prefer: str | None
+    ) -> str:
+        """The reduce's output column for ``call``: an equal call already registered shares
+        it; a new one is named ``prefer`` when free, else ``_aggN``."""
+        arg = grouping.column(call.arg, "a") if call.arg is not None else None
+        order = tuple((grouping.column(e, "a"), d, nf) for e, d, nf in call.order)
+        func = call.func
+        distinct = call.distinct and func not in ("min", "max")
+        if func == "median":
+            func, params = "percentile_cont", (0.5,)
+        else:
+            params = call.params
+        sig = (func, arg, distinct, params, order)
+        calls = grouping.calls
+        if sig not in calls:
+            taken = set(grouping.keys) | set(calls.values())
+            calls[sig] = prefer if prefer and prefer not in taken else f"_agg{len(calls)}"
+            try:
+                grouping.aggregates.append(
+                    Aggregate(calls[sig], func, arg, distinct, params, order)
+                )
+            except InvariantViolation as e:  # a malformed call
+                raise self.error(str(e), at) from e
+        return calls[sig]
+
+    # -- aggregate calls --------------------------------------------------------------------
 
     def aggregate_call(self, n: exp.Expression) -> _Call | None:
         """The aggregate ``n`` calls, or None if it is not one (``n`` is resolved)."""
@@ -238,88 +285,115 @@ class ReduceLowering:
         if isinstance(n, exp.Filter) and isinstance(n.this, exp.AggFunc):
             where = n.expression.this if isinstance(n.expression, exp.Where) else n.expression
             n = n.this
-        order: list[tuple[exp.Expression, bool, bool]] = []
-        params: tuple[object, ...] = ()
         if isinstance(n, exp.WithinGroup):
-            ordered = n.expression.expressions if isinstance(n.expression, exp.Order) else []
-            inner = n.this
-            name = _AGG_CLASSES.get(type(inner).__name__)
-            if name not in ("percentile_cont", "percentile_disc") or len(ordered) != 1:
-                raise self.unsupported(f"{n.sql(dialect='spark')} (WITHIN GROUP)", n)
-            frac = inner.this
-            if not (isinstance(frac, exp.Literal) and not frac.is_string):
-                raise self.error(f"{name} needs a literal fraction", n)
-            if not 0 <= float(frac.this) <= 1:
-                raise self.error(f"{name} fraction {frac.this} is not between 0 and 1", frac)
-            return _Call(
-                name,
-                ordered[0].this.copy(),
-                False,
-                (float(frac.this),),
-                (
-                    (
-                        ordered[0].this.copy(),
-                        bool(ordered[0].args.get("desc")),
-                        bool(ordered[0].args.get("nulls_first")),
-                    ),
-                ),
-            )
-        if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
-            func = _AGG_ANONYMOUS[n.name.lower()]
-            args = list(n.expressions)
-        elif isinstance(n, exp.AggFunc):
-            func = _AGG_CLASSES.get(type(n).__name__)
-            if func is None:
-                raise self.unsupported(
-                    f"aggregate function {n.key.upper()} (supported: {SUPPORTED_AGGREGATES})", n
-                )
-            args = [n.this] if n.this is not None else []
-            if func == "string_agg":
-                sep = n.args.get("separator")
-                args.append(sep if sep is not None else exp.Literal.string(","))
-        else:
+            return self._percentile_call(n)
+        named = self._function_and_args(n)
+        if named is None:
             return None
-        if func == "string_agg" and args and isinstance(args[0], exp.Order):
-            # LISTAGG(x, sep) WITHIN GROUP (ORDER BY ...) parses as an ORDER around x
-            order = [
-                (o.this.copy(), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
-                for o in args[0].expressions
-            ]
-            args[0] = args[0].this
-        distinct = False
-        if args and isinstance(args[0], exp.Distinct):
-            distinct = True
-            inner_args = list(args[0].expressions)
-            if len(inner_args) != 1:
-                raise self.unsupported(f"{func.upper()}(DISTINCT a, b) over several columns", n)
-            args[0] = inner_args[0]
-            if any(o.sql() != args[0].sql() for o, _, _ in order):
-                raise self.unsupported(
-                    f"{func.upper()}(DISTINCT x) ordered by something other than x", n
-                )
+        func, args = named
+        order, args = _listagg_order(func, args)
+        distinct, args = self._distinct_argument(func, args, order, n)
+        params: tuple[object, ...] = ()
         if func == "string_agg":
-            sep = args[1] if len(args) > 1 else exp.Literal.string(",")
-            if not (isinstance(sep, exp.Literal) and sep.is_string):
-                raise self.error("STRING_AGG needs a literal string separator", n)
-            params = (sep.this,)
+            params = (self._separator(args, n),)
             args = args[:1]
+        arg = self._aggregate_argument(func, args, distinct, n)
+        if where is not None:
+            cond = where.copy()
+            arg = exp.Case(ifs=[exp.If(this=cond, true=arg or exp.Literal.number(1))])
+        return _Call(func, arg, distinct, params, tuple(order))
+
+    def _percentile_call(self, n: exp.WithinGroup) -> _Call:
+        """``PERCENTILE_CONT/DISC(fraction) WITHIN GROUP (ORDER BY x)``; other ordered-set
+        aggregates are refused."""
+        ordered = n.expression.expressions if isinstance(n.expression, exp.Order) else []
+        inner = n.this
+        name = _AGG_CLASSES.get(type(inner).__name__)
+        if name not in ("percentile_cont", "percentile_disc") or len(ordered) != 1:
+            raise self.unsupported(f"{n.sql(dialect='spark')} (WITHIN GROUP)", n)
+        frac = inner.this
+        if not (isinstance(frac, exp.Literal) and not frac.is_string):
+            raise self.error(f"{name} needs a literal fraction", n)
+        if not 0 <= float(frac.this) <= 1:
+            raise self.error(f"{name} fraction {frac.this} is not between 0 and 1", frac)
+        return _Call(
+            name,
+            ordered[0].this.copy(),
+            False,
+            (float(frac.this),),
+            (
+                (
+                    ordered[0].this.copy(),
+                    bool(ordered[0].args.get("desc")),
+                    bool(ordered[0].args.get("nulls_first")),
+                ),
+            ),
+        )
+
+    def _function_and_args(self, n: exp.Expression) -> tuple[str, list[exp.Expression]] | None:
+        """The aggregate function ``n`` calls (our name) and its arguments as written, or None
+        if ``n`` is no aggregate; an aggregate without a maintained kind is refused."""
+        if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
+            return _AGG_ANONYMOUS[n.name.lower()], list(n.expressions)
+        if not isinstance(n, exp.AggFunc):
+            return None
+        func = _AGG_CLASSES.get(type(n).__name__)
+        if func is None:
+            raise self.unsupported(
+                f"aggregate function {n.key.upper()} (supported: {SUPPORTED_AGGREGATES})", n
+            )
+        args = [n.this] if n.this is not None else []
+        if func == "string_agg":
+            sep = n.args.get("separator")
+            args.append(sep if sep is not None else exp.Literal.string(","))
+        return func, args
+
+    def _distinct_argument(
+        self,
+        func: str,
+        args: list[exp.Expression],
+        order: list[tuple[exp.Expression, bool, bool]],
+        n: exp.Expression,
+    ) -> tuple[bool, list[exp.Expression]]:
+        """Whether the call is ``f(DISTINCT x)``, and its arguments with ``x`` unwrapped; a
+        DISTINCT over several columns, or ordered by another expression, is refused."""
+        if not (args and isinstance(args[0], exp.Distinct)):
+            return False, args
+        inner_args = list(args[0].expressions)
+        if len(inner_args) != 1:
+            raise self.unsupported(f"{func.upper()}(DISTINCT a, b) over several columns", n)
+        args = [inner_args[0], *args[1:]]
+        if any(o.sql() != args[0].sql() for o, _, _ in order):
+            raise self.unsupported(
+                f"{func.upper()}(DISTINCT x) ordered by something other than x", n
+            )
+        return True, args
+
+    def _separator(self, args: list[exp.Expression], n: exp.Expression) -> str:
+        """STRING_AGG's separator: its second argument, a string literal (default ``,``)."""
+        sep = args[1] if len(args) > 1 else exp.Literal.string(",")
+        if not (isinstance(sep, exp.Literal) and sep.is_string):
+            raise self.error("STRING_AGG needs a literal string separator", n)
+        return sep.this
+
+    def _aggregate_argument(
+        self, func: str, args: list[exp.Expression], distinct: bool, n: exp.Expression
+    ) -> exp.Expression | None:
+        """The one argument of the call (None for ``COUNT(*)`` and ``COUNT(literal)``);
+        several arguments or a nested aggregate are refused."""
         if func == "count" and (
             not args or isinstance(args[0], exp.Star) or _non_null_literal(args[0])
         ):
             if distinct:
                 raise self.unsupported("COUNT(DISTINCT *)", n)
-            arg = None
-        else:
-            if len(args) != 1:
-                raise self.error(f"{func.upper()} takes one argument", n)
-            arg = args[0].copy()
-            for inner in arg.walk():
-                if isinstance(inner, exp.AggFunc):
-                    raise self.error("an aggregate inside an aggregate", n)
-        if where is not None:
-            cond = where.copy()
-            arg = exp.Case(ifs=[exp.If(this=cond, true=arg or exp.Literal.number(1))])
-        return _Call(func, arg, distinct, params, tuple(order))
+            return None
+        if len(args) != 1:
+            raise self.error(f"{func.upper()} takes one argument", n)
+        arg = args[0].copy()
+        for inner in arg.walk():
+            if isinstance(inner, exp.AggFunc):
+                raise self.error("an aggregate inside an aggregate", n)
+        return arg
 
     # -- DISTINCT, set operations -----------------------------------------------------------
 
@@ -328,6 +402,7 @@ class ReduceLowering:
         return Reduce(node, node.columns, (), self.label(), self.group_size)
 
     def set_operation(self, q: exp.Expression, left: Node, right: Node) -> Node:
+        """``INTERSECT``/``EXCEPT`` [ALL]: a SetOp, the right side's columns renamed by position."""
         op = "intersect" if isinstance(q, exp.Intersect) else "except"
         if len(left.columns) != len(right.columns):
             raise self.error(
@@ -381,33 +456,7 @@ class ReduceLowering:
         hidden: list[tuple[str, exp.Expression]] = []
         keys: list[tuple[str, bool, bool]] = []
         for o in order.expressions:
-            target = o.this
-            name = None
-            if isinstance(target, exp.Literal) and not target.is_string:
-                pos = int(target.this)
-                if not 1 <= pos <= len(node.columns):
-                    raise self.error(
-                        f"ORDER BY {pos}: the query has {len(node.columns)} columns", target
-                    )
-                name = node.columns[pos - 1]
-            elif (
-                isinstance(target, exp.Column)
-                and not target.table
-                and (target.name.lower() in node.columns)
-            ):
-                name = target.name.lower()
-            elif isinstance(node, Project):
-                rewritten = sort_key(target) if sort_key is not None else None
-                if rewritten is not None:
-                    match = [c for c, e in node.outputs if e.sql() == rewritten.sql()]
-                    name = match[0] if match else f"_o{len(hidden)}"
-                    if not match:
-                        hidden.append((name, rewritten))
-            if name is None:
-                raise self.unsupported(
-                    "ORDER BY an expression that is not a column of the result (select it)",
-                    target,
-                )
+            name = self._sort_column(o.this, node, sort_key, hidden)
             keys.append((name, bool(o.args.get("desc")), bool(o.args.get("nulls_first"))))
         visible = node.columns
         if hidden:
@@ -427,11 +476,49 @@ class ReduceLowering:
             top = Project(top, tuple((c, exp.column(c)) for c in visible))
         return top
 
+    def _sort_column(
+        self,
+        target: exp.Expression,
+        node: Node,
+        sort_key: Callable[[exp.Expression], exp.Expression] | None,
+        hidden: list[tuple[str, exp.Expression]],
+    ) -> str:
+        """The column of ``node`` an ORDER BY item sorts by: by position, by output name, or
+        (``node`` a projection) an output computing the same expression, else a new hidden
+        column appended to ``hidden``."""
+        name = None
+        if isinstance(target, exp.Literal) and not target.is_string:
+            pos = int(target.this)
+            if not 1 <= pos <= len(node.columns):
+                raise self.error(
+                    f"ORDER BY {pos}: the query has {len(node.columns)} columns", target
+                )
+            name = node.columns[pos - 1]
+        elif (
+            isinstance(target, exp.Column)
+            and not target.table
+            and (target.name.lower() in node.columns)
+        ):
+            name = target.name.lower()
+        elif isinstance(node, Project):
+            rewritten = sort_key(target) if sort_key is not None else None
+            if rewritten is not None:
+                match = [c for c, e in node.outputs if e.sql() == rewritten.sql()]
+                name = match[0] if match else f"_o{len(hidden)}"
+                if not match:
+                    hidden.append((name, rewritten))
+        if name is None:
+            raise self.unsupported(
+                "ORDER BY an expression that is not a column of the result (select it)",
+                target,
+            )
+        return name
+
     def ranked(
         self,
         window: exp.Window,
         node: Project,
-        scope: _Scope,
+        scope: Scope,
     ) -> tuple[Project, tuple[str, ...], tuple[tuple[str, bool, bool], ...]]:
         """The partition and order columns of ``ROW_NUMBER() OVER (...)``, added to the
         projection as hidden columns when the query does not select them."""
@@ -536,7 +623,22 @@ def _rank_bound(c: exp.Expression, rank: str) -> int | None:
     return None
 
 
+def _listagg_order(
+    func: str, args: list[exp.Expression]
+) -> tuple[list[tuple[exp.Expression, bool, bool]], list[exp.Expression]]:
+    """The order of ``LISTAGG(x, sep) WITHIN GROUP (ORDER BY ...)``, which parses as an ORDER
+    around ``x``, and the arguments with ``x`` unwrapped; no order for other calls."""
+    if not (func == "string_agg" and args and isinstance(args[0], exp.Order)):
+        return [], args
+    order = [
+        (o.this.copy(), bool(o.args.get("desc")), bool(o.args.get("nulls_first")))
+        for o in args[0].expressions
+    ]
+    return order, [args[0].this, *args[1:]]
+
+
 def _integer(e: exp.Expression | None) -> int | None:
+    """The value of an integer literal, else None."""
     if isinstance(e, exp.Literal) and not e.is_string:
         try:
             return int(e.this)
@@ -546,10 +648,12 @@ def _integer(e: exp.Expression | None) -> int | None:
 
 
 def _non_null_literal(e: exp.Expression) -> bool:
+    """Whether ``e`` is a literal other than NULL (``COUNT(1)`` counts rows)."""
     return isinstance(e, exp.Literal) and not isinstance(e, exp.Null)
 
 
 def _find_column(e: exp.Expression, name: str) -> exp.Expression | None:
+    """The first column of ``e`` named ``name`` (where to point an error), or None."""
     for c in e.find_all(exp.Column):
         if c.name.lower() == name:
             return c
