@@ -105,7 +105,8 @@ class Policy:
     """Past this many rows, NULL-safe matching first keeps the rows whose first column holds
     one of the keys' values, and joins those only."""
     narrow_enough_rows: int = 4_096
-    """A sorted key's binary search stops descending once this many rows are left..."""
+    """A sorted key's binary search stops descending into the key's next column once this
+    many rows are left (0: it descends every column)..."""
     narrow_enough_per_key: int = 4
     """... or this many per wanted key."""
 
@@ -204,8 +205,6 @@ _POSITIVE = (
     "push_ratio",
     "ordered_max_files",
     "table_file_rows",
-    "narrow_enough_rows",
-    "narrow_enough_per_key",
 )
 """Sizes that are divisors or batch sizes: 0 would not turn a path off, it would break it."""
 

@@ -236,11 +236,11 @@ def test_two_projects_in_one_process_share_the_first_ones_budget(
     overwrite the process's budget, and says so."""
     from deltalake import write_deltalake
 
-    import engine.facade
+    import engine.inspect
     from engine.facade import Engine
 
     cache = FileCache(1 << 30)
-    monkeypatch.setattr(engine.facade, "FILES", cache)
+    monkeypatch.setattr(engine.inspect, "FILES", cache)
     source = str(tmp_path / "t")
     write_deltalake(source, pa.table({"k": pa.array([1, 2], pa.int64())}))
     roots = []
