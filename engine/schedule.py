@@ -20,7 +20,6 @@ from engine.quarantine import Quarantine
 from engine.refresh import REFRESH_SECONDS, ViewRefresh
 from engine.results import RefreshReport, ViewResult
 from engine.session import Session
-from ivm import policy
 from ivm.errors import IvmError, UpstreamBroken
 from ivm.plan.planner import ViewPlan
 from resources.lake import last_commit_metadata
@@ -64,7 +63,6 @@ class Scheduler:
         self.quarantine = quarantine
         self.views = views
         self.last_refresh_seconds: Callable[[str], float] = self._last_refresh_seconds
-        self.build_seconds_guess: Callable[[str], float] = self._build_seconds_guess
 
     def refresh(
         self,
@@ -104,7 +102,8 @@ class Scheduler:
         """Refresh ``order`` (dependency order) with up to ``parallelism`` views at once.
 
         A view starts once every selected view it reads has finished, the views on the
-        longest chains of expected work first (:func:`costliest_first`); if one of those it
+        longest chains of expected work first (:func:`costliest_first`, from the seconds each
+        view's last refresh took; a first build has none and keeps ``order``); if one of those it
         reads failed it is skipped. An error that is not an :class:`IvmError` (a bug, a lost
         Spark) stops new starts and is raised once the running views end.
         """
@@ -113,7 +112,7 @@ class Scheduler:
         pending = costliest_first(
             order,
             {n: views[n].view_inputs for n in order},
-            {n: self.last_refresh_seconds(n) or self.build_seconds_guess(n) for n in order},
+            {n: self.last_refresh_seconds(n) for n in order},
         )
         run = _Run(set(order), pending)
         with ThreadPoolExecutor(parallelism, thread_name_prefix="ivm") as pool:
@@ -134,13 +133,6 @@ class Scheduler:
             return float(info[REFRESH_SECONDS]) if info else 0.0
         except ValueError:  # written by hand or by another tool: no estimate
             return 0.0
-
-    def _build_seconds_guess(self, name: str) -> float:
-        """A view with no refresh recorded (its first build) expects to read its sources
-        whole: their rows (Delta statistics) at ``policy.build_rows_per_second``. Views it
-        reads count through their own rank (:func:`costliest_first`)."""
-        rows = sum(self.catalog.rows_hint(c) or 0 for c in self.catalog.view(name).source_inputs)
-        return rows / policy.current().build_rows_per_second
 
 
 class _Run:

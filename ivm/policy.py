@@ -49,9 +49,6 @@ class Policy:
     recompute_min_rows: int = 10_000
     """A change of fewer input updates is always applied incrementally, whatever its share of
     the inputs (``[refresh] recompute_above``)."""
-    build_rows_per_second: int = 1_000_000
-    """How fast a first build reads its sources: ranks a refresh's views that have no recorded
-    seconds yet, costliest first."""
 
     # -- arrangements: builds ----------------------------------------------------------------
     driver_build_rows: int = 24_000_000
@@ -196,7 +193,6 @@ class Policy:
 
 
 _POSITIVE = (
-    "build_rows_per_second",
     "arrangement_file_rows",
     "row_group_bytes",
     "page_rows",
