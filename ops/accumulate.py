@@ -1,26 +1,22 @@
-"""Accumulable state computed by the driver when the change is small: an accumulable
-branch's sums per group, and a DISTINCT's counts per ``(group, value)``.
+"""The driver's epoch of an accumulable branch, and of a DISTINCT's counts, inside Spark's
+path: when the inputs' change is small, the state a branch rendered on Spark
+(:func:`ops.reduce.render_reduce`) would read and write through several Spark jobs is read,
+summed and written by the driver instead.
 
-:func:`ops.reduce._accumulate` and :func:`ops.reduce._accumulated_values` keep an accumulable
-branch (COUNT, SUM, AVG, BOOL_AND/OR) on Spark: a job sums the change per group and writes
-it, then a lookup collects the touched groups, reads their state rows and sums them at the old
-and the new epoch, a few more jobs however small the change (SF1 ``revenue_by_segment``: two
-such branches, 25 groups). When the inputs' change is small (the engine's ``small_change``),
-the groups' sums have at most :data:`~ops.buffer.DRIVER_STATE_ROWS` rows and the touched
-groups' state rows are few (:func:`ops.arrange.lookup_rows`), this module does it on the
-driver: one Spark job collects the change's per-group sums, the touched groups' state is read
-and summed exactly in Python (integers and decimals), the sums are written by the driver, and
-the groups' state at old and new comes back to Spark as local relations, where the results
-(AVG's division, NULL rules) are the same expressions as on Spark's path.
+Owns that hand-over, not the arithmetic (:mod:`ops.accumulable`): :func:`accumulate_on_driver` takes
+the change's per-group sums Spark computed (one job collects them), reads the touched groups'
+state rows (:func:`ops.arrange.lookup_rows`, from the driver's memory once it holds the
+table), sums them exactly, writes the change, and hands the groups' state at old and at new
+back to Spark as local relations, where the results are the same expressions as on Spark's
+path (:func:`ops.reduce._results`). :func:`distinct_on_driver` does the same for a DISTINCT's
+``(group, value)`` counts (:func:`ops.reduce._distinct_change`) and returns the values whose
+count crossed zero, with no join, checkpoint or write job on Spark.
 
-A DISTINCT inside an aggregate (:func:`ops.reduce._distinct_change`) keeps a count per
-``(group, value)``; :func:`distinct_on_driver` collects the change's counts (one job), reads
-the old counts of those values (from the driver's memory once it holds the table,
-:mod:`resources.filecache`), writes the change and returns the values whose count crossed
-zero, with no join, checkpoint or write job on Spark.
-
-Both hand back to Spark (None, nothing written) for floating-point columns (Spark's own
-summation order and NaN rules), a global aggregate, or too many rows.
+Both hand back to Spark (None, nothing written, the reason recorded by :mod:`ops.declines`
+where the change was small) for a change that is not small (the engine's ``small_change``),
+types the driver does not write exactly (floating point: Spark's own summation order and NaN
+rules), a global aggregate, more rows than the policy's ``driver_state_rows``, or state too
+large to read.
 
 Contract in ``(data, time, diff)`` terms: :func:`accumulate_on_driver` is
 :func:`ops.reduce._group_sums` written then :func:`ops.reduce._accumulated_values`: the
@@ -33,7 +29,6 @@ zero (+1) or fell to zero (-1).
 
 from __future__ import annotations
 
-import decimal
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,19 +37,16 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.plan.reduce import StateTable
-from ops import DIFF, TIME, buffer
+from ivm.policy import current
+from ops import DIFF, TIME, accumulable
 from ops.buffer import Row, summed
 from ops.declines import declined
 from ops.sink import exact_types
 
-EXACT = decimal.Context(prec=200, traps=[decimal.Inexact, decimal.Overflow])
-"""Decimal sums in as many digits as they need: a state sum of DECIMAL(38, s) values never
-reaches 200 digits, and an inexact or overflowing step raises rather than rounds."""
-
 
 def _rows_at_most(store: Any) -> int:
     """How many rows the driver may take on for ``store``'s refresh (0: none: Spark must)."""
-    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
+    most = current().driver_state_rows
     usable = store.small and store.read_rows is not None and store.write_rows is not None
     return max(most, 0) if usable else 0
 
@@ -100,38 +92,17 @@ def accumulate_on_driver(
         rows = store.read_rows(table, keys, groups, store.old)
         if rows is None:
             return _declined(table, "the touched groups' state is too large to read")
-        _add(old, rows.select([*keys, *names]).to_pylist(), keys, names)
-    new = {g: list(v) for g, v in old.items()}
+        old = accumulable.summed(rows.select([*keys, *names]).to_pylist(), keys, names)
     change = held.select([*keys, *names])
-    _add(new, change.to_pylist(), keys, names)
+    new = accumulable.summed(change.to_pylist(), keys, names, start=old)
     store.write_rows(
         table, change.append_column(TIME, pa.array([store.new] * change.num_rows, pa.int64()))
     )
-    rows_at = names.index("_rows")
     old_rows, new_rows = (
-        _local(store.spark, [(*g, *v) for g, v in state.items() if v[rows_at] > 0], change.schema)
-        for state in (old, new)  # a group exists while it has rows
+        _local(store.spark, [(*g, *v) for g, v in existing.items()], change.schema)
+        for existing in (accumulable.existing(old, names), accumulable.existing(new, names))
     )
     return old_rows, new_rows
-
-
-def _add(
-    state: dict[Row, list[Any]], rows: list[dict], keys: Sequence[str], names: Sequence[str]
-) -> None:
-    """Sum ``rows``' state columns into ``state``, per group (NULL keys equal, as grouping),
-    exactly: decimals in as many digits as they need (Python's default context keeps 28)."""
-    with decimal.localcontext(EXACT):
-        _add_exactly(state, rows, keys, names)
-
-
-def _add_exactly(
-    state: dict[Row, list[Any]], rows: list[dict], keys: Sequence[str], names: Sequence[str]
-) -> None:
-    for r in rows:
-        group = tuple(r[k] for k in keys)
-        sums = state.setdefault(group, [0] * len(names))
-        for i, n in enumerate(names):
-            sums[i] += r[n] or 0
 
 
 def distinct_on_driver(
@@ -157,11 +128,7 @@ def distinct_on_driver(
         return _declined(table, "the values' counts are too large to read")
     old = summed(rows.to_pylist(), cols)
     store.write_rows(table, held)
-    flips = []
-    for row, n in summed(held.to_pylist(), cols).items():
-        before = old.get(row, 0)
-        flip = int(before + n > 0) - int(before > 0)
-        if flip:
-            flips.append((*row, flip))
+    counted = summed(held.to_pylist(), cols).items()
+    flips = [(*row, flip) for row, flip in accumulable.crossings(old, counted)]
     schema = held.select(cols).schema.append(pa.field(DIFF, pa.int64(), nullable=False))
     return _local(store.spark, flips, schema)

@@ -1,20 +1,25 @@
-"""A buffered TopK's refresh computed by the driver, when its change and state are small.
+"""The driver's epoch of a buffered TopK inside Spark's path, and its renderer: a small
+change merged into the touched groups' buffers in Python, the same step
+:func:`ops.reduce.render_topk` renders on Spark (:func:`ops.reduce._buffered`).
 
-:func:`ops.reduce.render_topk` maintains a buffered TopK (``ORDER BY ... LIMIT k`` or
-``ROW_NUMBER() ... <= k`` over a stateless input) on Spark: some thirty Spark jobs a refresh,
-whatever the change (SF1 ``largest_orders`` after a 0.1% batch: 32 jobs, 2.2s alone, for a top
-10 that did not move). Its state is small by design: per group, a count and the first
-``k + spare`` rows. So when the inputs' change is small (the engine's ``small_change``),
-the TopK's input change has at most :data:`DRIVER_STATE_ROWS` rows and the touched groups'
-state can be read by the driver (:func:`ops.arrange.lookup_rows`), this module runs the same
-step there, in Python, and writes the state as the driver writes a held change
-(:func:`ops.arrange.write_held_updates`): one Spark job, collecting the change.
+Owns the TopK buffer's arithmetic in Python: the order of rows (:func:`_ranking`, as
+:func:`ops.reduce._order_columns`), a group's first rows (:func:`_first`, as
+:func:`ops.reduce._first_k`), the buffer invariant, and the ranks of the view's rows
+(:func:`_numbered`, as :func:`ops.reduce._numbered_change`). :func:`refresh_on_driver` runs it
+within Spark's path (one Spark job, collecting the change; the state read by
+:func:`ops.arrange.lookup_rows` and written as the driver writes a held change), and
+:func:`refresh_rows` for a change the driver already holds (:mod:`ops.local_reduce`).
 
-It answers exactly as the Spark path (the buffer invariant of :func:`ops.reduce._buffered`,
-ranks by :func:`ops.reduce._numbered_change`), and hands back to it (returns None, writing
-nothing) when it cannot: a group left with fewer than ``k`` buffered rows of more (the refill
-evaluates the input from scratch, on Spark), an ordering or grouping on a floating-point
-column (Spark's NaN and -0.0 rules), a type the driver does not write, or too many rows.
+Buffer invariant: a group's buffer is its first ``n`` rows for some ``n`` (all of them when
+the buffer holds the group's count). A change row ranked at or above the buffer's last row
+goes into it (a deletion takes its row out); one ranked below changes only the count. A group
+left with fewer than ``k`` rows out of more must be refilled from its input evaluated from
+scratch: Spark's part.
+
+It hands back to Spark (None, nothing written, the reason recorded by :mod:`ops.declines`
+where the change was small) for a group to refill, an ordering or grouping on floating point
+(Spark's NaN and -0.0 rules), a type the driver does not write, more rows than the policy's
+``driver_state_rows``, or state too large to read.
 
 Contract in ``(data, time, diff)`` terms: given the input's updates ``Δ`` in ``(old, new]``,
 the count table holding each group's row count up to ``old`` and the buffer table its first
@@ -37,13 +42,10 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from ivm.plan.ir import TopK
 from ivm.plan.reduce import GLOBAL_KEY, Branch, topk_spare
+from ivm.policy import current
 from ops import DIFF, TIME
 from ops.declines import declined
 from ops.sink import exact_types
-
-DRIVER_STATE_ROWS = 100_000
-"""Most rows of an operator's change, and of the state files a lookup opens, that the driver
-takes on (here and in :mod:`ops.climb`); above (or with 0), Spark does the work."""
 
 Row = tuple[Any, ...]
 
@@ -127,14 +129,15 @@ def refresh_on_driver(
     ``delta``: the input's updates ``(columns..., _diff)``; ``store``: the view's
     :class:`ops.reduce.StateStore`, with ``read_rows`` and ``write_rows``.
     """
-    if not store.small or DRIVER_STATE_ROWS <= 0 or store.read_rows is None:
+    most = current().driver_state_rows
+    if not store.small or most <= 0 or store.read_rows is None:
         return None, delta  # not a small change: nothing for the driver to decline
     if store.write_rows is None or not exact_types(delta.schema):
         declined(f"TopK {branch.name} refreshed by Spark (its state or types are Spark's)")
         return None, delta
-    held = delta.limit(DRIVER_STATE_ROWS + 1).toArrow()
-    if held.num_rows > DRIVER_STATE_ROWS:
-        declined(f"TopK {branch.name} refreshed by Spark (more than {DRIVER_STATE_ROWS} rows)")
+    held = delta.limit(most + 1).toArrow()
+    if held.num_rows > most:
+        declined(f"TopK {branch.name} refreshed by Spark (more than {most} rows)")
         return None, delta
     delta = store.spark.createDataFrame(held, schema=delta.schema)  # computed once, either way
     updates = refresh_rows(node, branch, held, store)

@@ -1,21 +1,20 @@
-"""A MIN/MAX tower's climb computed by the driver, when the change and the buckets are small.
+"""The driver's climb of a MIN/MAX tower inside Spark's path, and its renderer: a small
+change carried up the tower (see :mod:`ivm.plan.reduce`) in Python, the same step
+:func:`ops.reduce._climb` renders on Spark; and a build's levels above a small level 0.
 
-:func:`ops.reduce._climb` carries a change up a tower (see :mod:`ivm.plan.reduce`) on Spark:
-per level a lookup of the touched buckets' children, one of their old entries, a summing pass
-and a write, some five Spark jobs a level however small the change (SF1 ``pricing_summary``, a
-6-level tower over ``l_shipdate``: 30 jobs a refresh for 8 changed rows). When the inputs'
-change is small (the engine's ``small_change``), the level-0 change has at most
-:data:`~ops.buffer.DRIVER_STATE_ROWS` rows and each level's lookups open few rows
-(:func:`ops.arrange.lookup_rows`), this module climbs on the driver: one Spark job collects
-the level-0 change (its buckets hashed by Spark), every level is computed in Python before
-anything is written, then each level's change is written by the driver.
+Owns the tower's arithmetic in Python: a bucket's entry is the MIN/MAX of its children (NULLs
+skipped, as Spark's ``min``/``max``), a level's change is its touched buckets' new entries
+minus their old ones. :func:`climb_on_driver` runs it within Spark's path (one Spark job
+collects level 0's change, its buckets hashed by Spark; every level is computed from
+:func:`ops.arrange.lookup_rows` reads before any is written), :func:`climb_rows` for a level-0
+change the driver already holds (:mod:`ops.local_reduce`), and :func:`built_levels` a build's
+levels from level 0's whole contents (grouped by Arrow, no lookup; :func:`ops.reduce._climb`
+writes level 0 and decides).
 
-It hands back to Spark (None, nothing written) for a column of floating-point type (Spark's
-NaN rules), a type the driver does not write, or too many rows.
-
-A build's tower is computed on the driver above level 0 when level 0 is small
-(:func:`built_levels`; :func:`ops.reduce._climb` writes level 0 and decides): each level's
-rows are its whole contents, grouped by Arrow, with no lookup.
+It hands back to Spark (False, nothing written, the reason recorded by :mod:`ops.declines`
+where the change was small) for a column of floating-point type (Spark's NaN rules), a type
+the driver does not write, more level-0 rows than the policy's ``driver_state_rows``, or
+buckets too large to read.
 
 Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce._climb`: given level 0's change
 ``Δ`` at ``new`` (``(keys..., value, _diff)``) and levels holding the tower up to ``old``, each
@@ -35,7 +34,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from ivm.plan.reduce import FANOUT_BITS, Branch
-from ops import DIFF, TIME, buffer
+from ivm.policy import current
+from ops import DIFF, TIME
 from ops.buffer import summed
 from ops.declines import declined
 from ops.sink import exact_types
@@ -59,7 +59,7 @@ def climb_on_driver(
     """Carry level 0's change ``leaf`` (``(keys..., arg, _diff, _b, _p)``, buckets set)
     up a MIN/MAX tower on the driver and write every level; False (nothing written) when
     Spark must (:func:`ops.reduce._climb`)."""
-    most = buffer.DRIVER_STATE_ROWS  # read when called: tests turn the driver's part off
+    most = current().driver_state_rows
     if not store.small or most <= 0 or store.read_rows is None:
         return False
     if store.write_rows is None or not exact_types(leaf.schema):

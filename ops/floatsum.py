@@ -37,6 +37,7 @@ smallest double (``2^-2252`` with ``e = -1126``)."""
 HALF = 27
 """``m = mh * 2^HALF + ml``: ``mh² < 2^52`` and ``2 mh ml 2^27 + ml² < 2^82``."""
 
+
 def is_exact(func: str, t: Any) -> bool:
     """Whether an aggregate ``func`` over Spark type ``t`` is kept as exact floating-point
     sums here: SUM and AVG of floating point, and every numeric VARIANCE/STDDEV (Spark

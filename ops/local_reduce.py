@@ -1,7 +1,14 @@
-"""A small change's GROUP BY computed by the driver, exactly as :mod:`ops.reduce` computes it
-on Spark: accumulable aggregates (COUNT, SUM, AVG, BOOL_AND/OR, and their DISTINCT forms) and
-MIN/MAX towers, their state read and written by the driver; and a buffered TopK's
-(:func:`topk_local`, :func:`ops.buffer.refresh_rows`).
+"""The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
+(:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers) and a
+buffered TopK (:func:`topk_local`, :func:`ops.buffer.refresh_rows`), rendering the same plan
+(:mod:`ivm.plan.reduce`) as :mod:`ops.reduce` renders on Spark, state read and written by the
+driver.
+
+Owns the Arrow rendering of an accumulable branch (:class:`_Accumulable`: contributions summed
+per group by Arrow, exact floating-point terms) and of a tower's level 0 (buckets by Spark's
+``xxhash64``, :func:`spark_xxhash64`, the ``xxhash`` library's XXH64). The arithmetic it shares
+with Spark's path (the state columns, exact sums of state rows, decimal rounding, AVG's
+division, NULL rules, result types, a DISTINCT's counts crossing zero) is :mod:`ops.accumulable`'s.
 
 Contract in ``(data, time, diff)`` terms, :func:`ops.reduce.render_reduce`'s: given the
 input's updates in ``(old, new]`` (Arrow), every branch's state tables get at ``new`` the rows
@@ -9,20 +16,18 @@ Spark's path writes (an accumulable branch: one row of summed contributions per 
 all-zero ones dropped; a DISTINCT: the ``(group, value)`` counts' change; a tower: each
 level's change, :func:`ops.climb.climb_rows`), and the result is the reduce's change at
 ``new``: ``-1`` for each touched group's row at ``old``, ``+1`` for its row at ``new``,
-consolidated. Values are Spark's: sums of integers and decimals exact, AVG of a decimal
-divided in 38 significant digits rounded half up then rounded to Spark's result scales (as
-``java.math.BigDecimal`` with Spark's ``MathContext``), MIN/MAX buckets hashed with Spark's
-``xxhash64`` (:func:`spark_xxhash64`, the ``xxhash`` library's XXH64).
+consolidated, with Spark's values and types.
 
-:class:`~ivm.errors.NotOnDriver` (checked before any state is written) for a global
-aggregate, a monotonic input (no tower), recomputed (basic) aggregates, variances, floating
-point, a MIN/MAX over a type whose hash is not reproduced here, and a value past its type.
+:class:`~ivm.errors.NotOnDriver`, raised before any state is written, hands the node to Spark:
+a build, more input updates than the policy's ``driver_state_rows``, a global aggregate, a
+monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
+floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
+not read, a value past its type; for a TopK, a tower or a group to refill from its input.
 """
 
 from __future__ import annotations
 
 import datetime
-import decimal
 import math
 import struct
 from collections import Counter
@@ -39,22 +44,13 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from ivm.errors import NotOnDriver
 from ivm.plan.ir import Aggregate, Reduce, TopK
 from ivm.plan.reduce import FANOUT_BITS, SUMMED, Branch, branches
-from ops import DIFF, TIME, buffer, floatsum
+from ivm.policy import current
+from ops import DIFF, TIME, accumulable, buffer, floatsum
+from ops.accumulable import Group
 from ops.buffer import summed
 from ops.climb import climb_rows
 from ops.local import arrow_type, decimal_shape
 from ops.sink import exact_types
-
-Group = tuple
-
-_EXACT = decimal.Context(prec=200)
-"""Sums and products in as many digits as they need (Python's default keeps 28)."""
-
-SPARK_DECIMAL_CONTEXT = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP)
-"""How Spark divides decimals: ``java.math.MathContext(38, HALF_UP)``, before rounding the
-quotient to the result type's scale."""
-
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 _SPECIAL = {
     "nan": pc.is_nan,
@@ -67,8 +63,6 @@ _SPECIAL = {
 def _floating(t: T.DataType) -> bool:
     return isinstance(t, (T.FloatType, T.DoubleType))
 
-
-_ACCUMULATED = {"count", "bool_and", "bool_or", *SUMMED}
 
 _EPOCH = datetime.date(1970, 1, 1)
 _SEED = 42
@@ -99,75 +93,34 @@ def spark_xxhash64(value: Any, t: T.DataType) -> int:
     elif isinstance(t, T.DateType):
         data = struct.pack(layout, (value - _EPOCH).days)
     elif isinstance(t, T.DecimalType):
-        data = struct.pack(layout, int(value.scaleb(t.scale, context=_EXACT)))
+        data = struct.pack(layout, int(value.scaleb(t.scale, context=accumulable.EXACT)))
     else:
         data = struct.pack(layout, int(value))
     h = xxhash.xxh64_intdigest(data, seed=_SEED)
     return h - (1 << 64) if h >> 63 else h
 
 
-def _fit(v: Decimal, precision: int, scale: int) -> Decimal:
-    """``v`` rounded half away from zero to ``scale`` (Spark's ``changePrecision``), which
-    must then fit ``precision`` digits (Spark returns NULL or raises: Spark's part)."""
-    q = v.quantize(Decimal(1).scaleb(-scale), rounding=decimal.ROUND_HALF_UP, context=_EXACT)
-    if q.adjusted() >= precision - scale and q != 0:
-        raise NotOnDriver(f"a value overflows decimal({precision},{scale})")
-    return q
-
-
-def _adjusted(precision: int, scale: int) -> tuple[int, int]:
-    """Spark's ``DecimalType.adjustPrecisionScale`` (precision loss allowed, the default)."""
-    if precision <= 38:
-        return precision, scale
-    int_digits = precision - scale
-    return 38, max(38 - int_digits, min(scale, 6))
-
-
-def _divide_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
-    """The type Spark gives ``decimal(p1, s1) / decimal(p2, s2)``."""
-    scale = max(6, s1 + p2 + 1)
-    return _adjusted(p1 - s1 + s2 + scale, scale)
-
-
 class _Accumulable:
-    """An accumulable branch's state columns, contributions and results, in Python: the
-    same as :func:`ops.reduce._accumulator`'s Spark columns."""
+    """An accumulable branch's state (:func:`ops.accumulable.layout`) rendered in Arrow and Python:
+    per-row contributions summed by Arrow, results by :func:`ops.accumulable.values`; the same state
+    rows and values as :func:`ops.reduce._accumulator`'s Spark columns."""
 
     def __init__(self, aggregates: Sequence[Aggregate], types: dict[str, T.DataType]) -> None:
-        self.aggregates = aggregates
-        self.types = types
-        self.columns: list[tuple[str, str, str | None]] = [("_rows", "rows", None)]
-        self.float_terms: dict[tuple[str, bool], int] = {}  # (argument, squared) -> term
         for a in aggregates:
-            if a.func not in _ACCUMULATED:
+            if a.func not in accumulable.ACCUMULATED:
                 raise NotOnDriver(f"{a.func.upper()} is computed by Spark")
-            if a.arg is None:
-                continue
-            t = types[a.arg]
-            self._add(f"_nn_{a.arg}", "nn", a.arg)
-            if floatsum.is_exact(a.func, t):
-                for kind in ("nan", "pinf", "ninf"):
-                    self._add(f"_{kind}_{a.arg}", kind, a.arg)
-                self._term(a.arg, False)
-                if a.func not in ("sum", "avg"):
-                    self._term(a.arg, True)
-            elif a.func in ("sum", "avg"):
-                if not isinstance(t, (*_INTEGRAL, T.DecimalType)):
-                    raise NotOnDriver(f"{a.func.upper()} over {t.simpleString()} is Spark's")
-                self._add(f"_sum_{a.arg}", "sum", a.arg)
-            elif a.func in ("bool_and", "bool_or"):
-                self._add(f"_true_{a.arg}", "true", a.arg)
-
-    def _term(self, arg: str, squared: bool) -> int:
-        return self.float_terms.setdefault((arg, squared), len(self.float_terms))
-
-    def _add(self, name: str, kind: str, arg: str | None) -> None:
-        if all(name != n for n, _, _ in self.columns):
-            self.columns.append((name, kind, arg))
+        self.layout = accumulable.layout(aggregates, types)
+        self.types = types
+        summable = (*accumulable.INTEGRAL, T.DecimalType)
+        for a in aggregates:
+            t = types[a.arg] if a.arg is not None else None
+            summed_here = a.func in SUMMED and not self.layout.exact_float(a)
+            if t is not None and summed_here and not isinstance(t, summable):
+                raise NotOnDriver(f"{a.func.upper()} over {t.simpleString()} is Spark's")
 
     @property
     def names(self) -> list[str]:
-        return [n for n, _, _ in self.columns]
+        return self.layout.names
 
     def sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, list]:
         """Per group, the contributions of ``rows`` (updates with ``_diff``) summed by Arrow
@@ -175,24 +128,24 @@ class _Accumulable:
         no state)."""
         diff = rows.column(DIFF)
         columns: dict[str, Any] = {k: rows.column(k) for k in keys}
-        for name, kind, arg in self.columns:
-            if kind == "rows":
-                columns[name] = diff
+        for c in self.layout.columns:
+            if c.kind == "rows":
+                columns[c.name] = diff
                 continue
-            x = rows.column(arg)
-            if kind == "nn":
-                columns[name] = pc.if_else(pc.is_valid(x), diff, 0)
-            elif kind in _SPECIAL:
-                test = _SPECIAL[kind](x.cast(pa.float64()))
-                columns[name] = pc.if_else(pc.fill_null(test, False), diff, 0)
-            elif kind == "true":
-                columns[name] = pc.if_else(pc.fill_null(pc.equal(x, True), False), diff, 0)
+            x = rows.column(c.arg)
+            if c.kind == "nn":
+                columns[c.name] = pc.if_else(pc.is_valid(x), diff, 0)
+            elif c.kind in _SPECIAL:
+                test = _SPECIAL[c.kind](x.cast(pa.float64()))
+                columns[c.name] = pc.if_else(pc.fill_null(test, False), diff, 0)
+            elif c.kind == "true":
+                columns[c.name] = pc.if_else(pc.fill_null(pc.equal(x, True), False), diff, 0)
             else:
-                precision, scale = decimal_shape(self.types[arg or ""])
+                precision, scale = decimal_shape(self.types[c.arg or ""])
                 product = pc.multiply(
                     x.cast(pa.decimal256(precision, scale)), diff.cast(pa.decimal256(19, 0))
                 )
-                columns[name] = pc.fill_null(product, 0)
+                columns[c.name] = pc.fill_null(product, 0)
         summed_rows = (
             pa.table(columns)
             .group_by(list(keys), use_threads=False)
@@ -200,26 +153,20 @@ class _Accumulable:
         )
         out: dict[Group, list] = {}
         for r in summed_rows.to_pylist():
-            sums = [r[f"{n}_sum"] for n in self.names]
-            if any(sums):
-                out[tuple(r[k] for k in keys)] = sums
+            values = [r[f"{n}_sum"] for n in self.names]
+            if any(values):
+                out[tuple(r[k] for k in keys)] = values
         return out
-
-    @property
-    def float_args(self) -> list[str]:
-        """The arguments kept as exact floating-point sums, in the order Spark's path numbers
-        them (``_t`` of a ``float_sums`` row)."""
-        return [arg for arg, squared in self.float_terms if not squared]
 
     def float_sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, dict]:
         """Per group, the exact floating-point sums of ``rows`` (updates with ``_diff``) as
         ``{(argument, exponent): [v, qh, ql]}`` (:func:`ops.floatsum.terms` times ``_diff``,
         the rows Spark's path sums); all-zero entries dropped."""
         out: dict[Group, dict] = {}
-        args = self.float_args
-        squared = {arg for arg, sq in self.float_terms if sq}
+        args = self.layout.float_args
+        squared = self.layout.squared
         for r in rows.select([*keys, *args, DIFF]).to_pylist():
-            sums = out.setdefault(tuple(r[k] for k in keys), {})
+            found = out.setdefault(tuple(r[k] for k in keys), {})
             for i, arg in enumerate(args):
                 x = r[arg]
                 if x is None:
@@ -228,83 +175,25 @@ class _Accumulable:
                 if x == 0 or not math.isfinite(x):
                     continue
                 e, m, qh, ql = floatsum.terms(x)
-                at = sums.setdefault((i, e), [0, 0, 0])
+                at = found.setdefault((i, e), [0, 0, 0])
                 at[0] += m * r[DIFF]
                 if arg in squared:
                     at[1] += qh * r[DIFF]
                     at[2] += ql * r[DIFF]
         return {g: {k: v for k, v in at.items() if any(v)} for g, at in out.items()}
 
-    def state_type(self, kind: str, arg: str | None) -> pa.DataType:
-        if kind != "sum":
+    def state_type(self, column: accumulable.StateColumn) -> pa.DataType:
+        if column.kind != "sum":
             return pa.int64()
-        t = self.types[arg or ""]
-        return pa.decimal128(38, t.scale if isinstance(t, T.DecimalType) else 0)
+        return arrow_type(accumulable.sum_type(self.types[column.arg or ""], "SUM"))
 
     def result_type(self, a: Aggregate) -> pa.DataType:
-        if a.func == "count":
-            return pa.int64()
-        if a.func in ("bool_and", "bool_or"):
-            return pa.bool_()
-        t = self.types[a.arg or ""]
-        if floatsum.is_exact(a.func, t):
-            return pa.float64()
-        if not isinstance(t, T.DecimalType):
-            return pa.int64() if a.func == "sum" else pa.float64()
-        p, s = t.precision, t.scale
-        if a.func == "sum":
-            return pa.decimal128(min(38, p + 10), s)
-        return pa.decimal128(min(38, p + 4), min(38, s + 4))
+        return arrow_type(accumulable.result_type(a, self.types))
 
     def results(self, state: list, bins: dict | None = None) -> list:
         """The aggregates' values from a group's summed state and exact floating-point sums
-        ``{(term, bin): sum}`` (as ``ops.reduce._results``)."""
-        at = {n: v for (n, _, _), v in zip(self.columns, state, strict=True)}
-        out = []
-        for a in self.aggregates:
-            if a.arg is None:
-                out.append(at["_rows"])
-                continue
-            nn = at[f"_nn_{a.arg}"]
-            if a.func == "count":
-                out.append(nn)
-            elif floatsum.is_exact(a.func, self.types[a.arg]):
-                out.append(self._float_result(a, at, bins or {}))
-            elif nn <= 0:
-                out.append(None)
-            elif a.func == "bool_and":
-                out.append(at[f"_true_{a.arg}"] == nn)
-            elif a.func == "bool_or":
-                out.append(at[f"_true_{a.arg}"] > 0)
-            else:
-                out.append(self._summed_result(a, Decimal(at[f"_sum_{a.arg}"]), nn))
-        return out
-
-    def _float_result(self, a: Aggregate, at: dict[str, Any], sums: dict) -> float | None:
-        arg = a.arg or ""
-        i = self.float_args.index(arg)
-        exact = floatsum.fixed((e, *v) for (j, e), v in sums.items() if j == i)
-        counts = [int(at[f"_{k}_{arg}"]) for k in ("nn", "nan", "pinf", "ninf")]
-        return floatsum.exact_result(a.func, *counts, *exact)
-
-    def _summed_result(self, a: Aggregate, total: Decimal, nn: int) -> Any:
-        t = self.types[a.arg or ""]
-        if not isinstance(t, T.DecimalType):
-            if a.func == "sum":
-                if not -(2**63) <= total < 2**63:
-                    raise NotOnDriver("a SUM overflows bigint")
-                return int(total)
-            return float(total) / float(nn)
-        p, s = t.precision, t.scale
-        summed_as = (min(38, p + 10), s)
-        total = _fit(total, *summed_as)
-        if a.func == "sum":
-            return total
-        # AVG: CAST(CAST(sum AS DECIMAL(p+10, s)) / CAST(n AS DECIMAL(20, 0))
-        #      AS DECIMAL(p+4, s+4)), as ops.reduce._avg_result writes it for Spark.
-        quotient = SPARK_DECIMAL_CONTEXT.divide(total, Decimal(nn))
-        quotient = _fit(quotient, *_divide_type(*summed_as, 20, 0))
-        return _fit(quotient, min(38, p + 4), min(38, s + 4))
+        ``{(term, bin): sum}`` (:func:`ops.accumulable.values`)."""
+        return accumulable.values(self.layout, state, bins)
 
 
 def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
@@ -335,7 +224,7 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
     (:class:`ops.reduce.StateStore`'s ``read_rows``/``write_rows``): the module's contract."""
     if store.read_rows is None or store.write_rows is None or store.old <= 0:
         raise NotOnDriver("the state is not the driver's to read")
-    if delta.num_rows > buffer.DRIVER_STATE_ROWS:  # read when called: tests set it to 0
+    if delta.num_rows > current().driver_state_rows:
         raise NotOnDriver("more updates than the driver's state rows")
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
@@ -409,20 +298,12 @@ def _accumulable(
     before = store.read_rows(table, keys, probe, store.old)
     if before is None:
         raise NotOnDriver(f"{branch.name}: the touched groups' state is Spark's to read")
-    old: dict[Group, list] = {}
-    for r in before.to_pylist():
-        sums = old.setdefault(tuple(r[k] for k in keys), [0] * len(acc.columns))
-        for i, name in enumerate(acc.names):
-            sums[i] = _EXACT.add(sums[i], r[name] or 0)
-    new = {g: list(s) for g, s in old.items()}
-    for g, s in change.items():
-        sums = new.setdefault(g, [0] * len(acc.columns))
-        for i, v in enumerate(s):
-            sums[i] = _EXACT.add(sums[i], v)
+    old = accumulable.summed(before.to_pylist(), keys, acc.names)
+    new = accumulable.plus(old, change)
     written = pa.schema(
         [
             *(schema.field(k) for k in keys),
-            *(pa.field(n, acc.state_type(kind, arg)) for n, kind, arg in acc.columns),
+            *(pa.field(c.name, acc.state_type(c)) for c in acc.layout.columns),
             pa.field(TIME, pa.int64()),
         ]
     )
@@ -435,9 +316,8 @@ def _accumulable(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise NotOnDriver(f"{branch.name}: a sum past its state's type") from err
     store.write_rows(table, update)
-    rows_at = acc.names.index("_rows")
     return tuple(  # type: ignore[return-value]
-        {g: acc.results(s, at.get(g)) for g, s in state.items() if s[rows_at] > 0}
+        {g: acc.results(s, at.get(g)) for g, s in accumulable.existing(state, acc.names).items()}
         for state, at in zip((old, new), bins, strict=True)
     )
 
@@ -455,7 +335,7 @@ def _float_state(
     writes); the touched groups' sums ``{(argument, exponent): [v, qh, ql]}`` at old and at
     new."""
     table = branch.float_table
-    if not acc.float_terms or table is None:
+    if not acc.layout.float_terms or table is None:
         return {}, {}
     change = acc.float_sums(rows, keys)
     before = store.read_rows(table, keys, probe, store.old)
@@ -522,13 +402,11 @@ def _distinct_flips(
     old = summed(before.to_pylist(), cols)
     times = pa.repeat(pa.scalar(store.new, pa.int64()), change.num_rows)
     store.write_rows(table, change.append_column(TIME, times))
-    flips = []
-    for r in change.to_pylist():
-        row = tuple(r[c] for c in cols)
-        was = old.get(row, 0)
-        flip = int(was + r[DIFF] > 0) - int(was > 0)
-        if flip:
-            flips.append({**dict(zip(cols, row, strict=True)), DIFF: flip})
+    counted = ((tuple(r[c] for c in cols), r[DIFF]) for r in change.to_pylist())
+    flips = [
+        {**dict(zip(cols, row, strict=True)), DIFF: flip}
+        for row, flip in accumulable.crossings(old, counted)
+    ]
     return pa.Table.from_pylist(flips, schema=change.schema)
 
 
@@ -587,7 +465,7 @@ def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
     (branch,) = branches(node)
     if branch.kind != "buffer" or store.read_rows is None or store.write_rows is None:
         raise NotOnDriver("this TopK is computed by Spark")
-    if store.old <= 0 or delta.num_rows > buffer.DRIVER_STATE_ROWS:
+    if store.old <= 0 or delta.num_rows > current().driver_state_rows:
         raise NotOnDriver("more updates than the driver's state rows")
     held = delta.select([*node.input.columns, DIFF])
     held = held.filter(pc.not_equal(held.column(DIFF), 0))

@@ -1,14 +1,21 @@
-"""Reductions on Spark: GROUP BY branches, DISTINCT and set operations, towers, TopK.
+"""Spark's renderer of the reduce family: GROUP BY branches, DISTINCT and set operations,
+towers, TopK.
 
-Executes the branches :mod:`ivm.plan.reduce` decided. Every branch keeps its state in Delta
-tables (``state/<view>/<table>``) written once per epoch through a :class:`StateStore`, and
-answers "what are the groups' results at time ``t``" for the groups a change touched:
+Renders the branches :mod:`ivm.plan.reduce` decided as Spark DataFrames; the driver renders
+the same plan for a small change (:mod:`ops.local_reduce`), and within this path takes on the
+state of a small change (:mod:`ops.accumulate`, :mod:`ops.climb`, :mod:`ops.buffer`). What
+the two renderers of an accumulable branch must agree on (its state columns, exact sums,
+decimal types and rounding, AVG's division, NULL rules) is :mod:`ops.accumulable`'s; this module
+writes it as column expressions. Every branch keeps its state in Delta tables
+(``state/<view>/<table>``) written once per epoch through a :class:`StateStore`, and answers
+"what are the groups' results at time ``t``" for the groups a change touched:
 
 - *accumulable*: the state is, per group, sums of per-row contributions (row count, non-null
   counts, sums, sums of squares, counts of TRUE) appended as one row per touched group and
   epoch; the result at ``t`` is the sum of the rows up to ``t``. Exact: integer and DECIMAL
-  sums are kept as DECIMAL(38, s). A small change is summed on the driver
-  (:mod:`ops.accumulate`).
+  sums are kept as DECIMAL(38, s), floating-point ones as exact sums per exponent
+  (:mod:`ops.floatsum`); AVG of a decimal is Spark's ``Average`` quotient. A small change is
+  summed on the driver (:mod:`ops.accumulate`).
 - *hierarchical* (MIN/MAX) and *topk*: a tower (see :mod:`ivm.plan.reduce`). A change to
   level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
   entries), and passes on only the buckets whose result changed; a level whose change is
@@ -32,13 +39,14 @@ produce nothing) and leave the state tables holding the input up to ``new``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from functools import reduce as fold
 from typing import Protocol
 
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -55,7 +63,8 @@ from ivm.plan.reduce import (
     presum_grain,
     topk_spare,
 )
-from ops import DIFF, TIME, buffer, floatsum
+from ivm.policy import current
+from ops import DIFF, TIME, accumulable, floatsum
 from ops.accumulate import accumulate_on_driver, distinct_on_driver
 from ops.buffer import refresh_on_driver
 from ops.climb import built_levels, climb_on_driver
@@ -145,8 +154,7 @@ _SCAN_NODES = frozenset({"LogicalRelation", "Project", "Filter", "Union"})
 
 def scan_only(df: DataFrame) -> bool:
     """Whether ``df`` only reads files, filtered and mapped: reading them again costs less
-    than keeping a copy (SF1 ``lineitem``, 6M rows: a local checkpoint took 4.0s, and
-    aggregating from it 3.5s, against one vectorized Parquet scan per reader). Rows from the
+    than keeping a copy (BENCHMARKS.md, "Policy thresholds: reductions"). Rows from the
     driver (a change feed) are kept: a local relation ships its rows with every task of every
     job that reads it."""
     if is_connect(df.sparkSession):
@@ -206,117 +214,145 @@ class _Groups:
 # -- accumulable -------------------------------------------------------------------------------
 
 
-def _sum_type(dt: T.DataType, what: str) -> T.DataType:
-    if isinstance(dt, T.DecimalType):
-        return T.DecimalType(38, dt.scale)
-    if isinstance(dt, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
-        return T.DecimalType(38, 0)
-    if isinstance(dt, (T.FloatType, T.DoubleType)):
-        return T.DoubleType()
-    raise UnsupportedSqlError(f"{what} over a column of type {dt.simpleString()}", construct=what)
-
-
 @dataclass(frozen=True)
 class _Accumulator:
-    """State columns and result expressions of an accumulable branch.
+    """An accumulable branch's state (:func:`ops.accumulable.layout`) rendered as Spark columns.
 
-    ``float_terms``: the exact floating-point sums it keeps in its ``float_sums`` table, as
-    ``(term id, argument, squared)``; ``float_specs``: the aggregates computed from them
-    (:func:`ops.floatsum.arrow_results`), whose results read :data:`FLOAT_RESULTS`."""
+    ``contributions``: per state column, its value over an input update row; ``results``: per
+    aggregate, its value over the summed state. ``float_specs``: the aggregates computed from
+    exact floating-point sums (:func:`ops.floatsum.arrow_results`), whose results read
+    :data:`FLOAT_RESULTS`; ``averages``: the AVGs of decimals Spark's decimal division cannot
+    round as ``Average`` does, ``(sum column, count column, argument type)``, computed by
+    :func:`ops.accumulable.decimal_averages` into :data:`DECIMAL_AVERAGES`."""
 
-    contributions: list[Column]  # over an input update row, named state columns
-    state_columns: list[str]
-    results: list[Callable[[], Column]]  # over summed state columns, one per aggregate
-    names: list[str]
-    float_terms: list[tuple[int, str, bool]] = field(default_factory=list)
+    layout: accumulable.Layout
+    contributions: list[Column]
+    results: list[Callable[[], Column]]
     float_specs: list[tuple] = field(default_factory=list)  # see ops.floatsum.arrow_results
+    averages: list[tuple[str, str, T.DecimalType]] = field(default_factory=list)
+
+    @property
+    def state_columns(self) -> list[str]:
+        return self.layout.names
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.layout.aggregates]
+
+    @property
+    def float_terms(self) -> tuple[tuple[str, bool], ...]:
+        return self.layout.float_terms
 
 
 FLOAT_RESULTS = "_fr"
 """The exact floating-point aggregates' values of a group, in the accumulator's order."""
+
+DECIMAL_AVERAGES = "_da"
+"""The AVGs of decimals divided in Python, as text, in the accumulator's order."""
 
 
 def _with_float_results(state: DataFrame, acc: _Accumulator) -> DataFrame:
     """``state`` with :data:`FLOAT_RESULTS` computed from its counts and :data:`FLOAT_BINS` by
     :func:`ops.floatsum.arrow_results` (Arrow batches in Spark's Python workers; the module is
     pickled by value, so they need only the standard library and pyarrow)."""
-    from pyspark import cloudpickle
-
     cloudpickle.register_pickle_by_value(floatsum)
-    schema = T.StructType([*state.schema.fields, T.StructField(FLOAT_RESULTS, T.ArrayType(T.DoubleType()))])
+    out = T.StructField(FLOAT_RESULTS, T.ArrayType(T.DoubleType()))
+    schema = T.StructType([*state.schema.fields, out])
     return state.mapInArrow(partial(floatsum.arrow_results, specs=acc.float_specs), schema)
 
 
-def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accumulator:
+def _with_decimal_averages(state: DataFrame, acc: _Accumulator) -> DataFrame:
+    """``state`` with :data:`DECIMAL_AVERAGES` computed by
+    :func:`ops.accumulable.decimal_averages` (Spark's Python workers, the module pickled by
+    value) from each sum cast to the type ``Average`` sums in (Spark's cast: past it, an error
+    under ANSI mode, else NULL)."""
+    cloudpickle.register_pickle_by_value(accumulable)
+    inputs = [
+        _c(total).cast(accumulable.summed_decimal(t)).alias(f"{DECIMAL_AVERAGES}{i}")
+        for i, (total, _, t) in enumerate(acc.averages)
+    ]
+    specs = [
+        (f"{DECIMAL_AVERAGES}{i}", nn, accumulable.average_decimal(t).scale)
+        for i, (_, nn, t) in enumerate(acc.averages)
+    ]
+    state = state.select("*", *inputs)
+    out = T.StructField(DECIMAL_AVERAGES, T.ArrayType(T.StringType()))
+    schema = T.StructType([*state.schema.fields, out])
+    averages = partial(accumulable.decimal_averages, specs=specs, column=DECIMAL_AVERAGES)
+    return state.mapInArrow(averages, schema)
+
+
+def _contribution(column: accumulable.StateColumn, types: Mapping[str, T.DataType]) -> Column:
+    """A state column's contribution from an input update row (``_diff`` times its term)."""
     diff = _c(DIFF)
-    contributions = [diff.cast("bigint").alias("_rows")]
-    state = ["_rows"]
-    seen: set[str] = set()
-    float_terms: dict[tuple[str, bool], int] = {}
+    if column.arg is None:
+        return diff.cast("bigint").alias(column.name)
+    x = _c(column.arg)
+    dt = types[column.arg]
+    if column.kind == "nn":
+        term = F.when(x.isNotNull(), diff).otherwise(0).cast("bigint")
+    elif column.kind in accumulable.FLOAT_COUNTS:
+        xd = x.cast("double")
+        test = {
+            "nan": F.isnan(xd),
+            "pinf": xd == F.lit(float("inf")),
+            "ninf": xd == F.lit(float("-inf")),
+        }[column.kind]
+        term = F.when(x.isNotNull() & test, diff).otherwise(0).cast("bigint")
+    elif column.kind == "sum":
+        st = accumulable.sum_type(dt, "SUM")
+        term = F.coalesce(_times_diff(x, dt, st), F.lit(0).cast(st))
+    else:  # "true"
+        term = F.when(x, diff).otherwise(0).cast("bigint")
+    return term.alias(column.name)
+
+
+def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accumulator:
+    types = {f.name: f.dataType for f in schema.fields}
+    state = accumulable.layout(aggregates, types)
     specs: list[tuple] = []
-
-    def add(name: str, expr: Column) -> str:
-        if name not in seen:
-            seen.add(name)
-            contributions.append(expr.alias(name))
-            state.append(name)
-        return name
-
-    def term(arg: str, squared: bool) -> int:
-        return float_terms.setdefault((arg, squared), len(float_terms))
-
+    averages: list[tuple[str, str, T.DecimalType]] = []
     results: list[Callable[[], Column]] = []
     for a in aggregates:
         if a.arg is None:
             results.append(lambda: _c("_rows"))
             continue
-        x = _c(a.arg)
-        dt = schema[a.arg].dataType
-        nn = add(f"_nn_{a.arg}", F.when(x.isNotNull(), diff).otherwise(0).cast("bigint"))
-        func = a.func
+        dt = types[a.arg]
+        nn, func = f"_nn_{a.arg}", a.func
         if func == "count":
             results.append(lambda nn=nn: _c(nn))
-        elif func in SUMMED and floatsum.is_exact(func, dt):
-            xd = x.cast("double")
-            counters = [nn]
-            for kind, test in (
-                ("nan", F.isnan(xd)),
-                ("pinf", xd == F.lit(float("inf"))),
-                ("ninf", xd == F.lit(float("-inf"))),
-            ):
-                when = F.when(x.isNotNull() & test, diff).otherwise(0).cast("bigint")
-                counters.append(add(f"_{kind}_{a.arg}", when))
-            term(a.arg, False)
-            if func not in ("sum", "avg"):
-                term(a.arg, True)
-            argument = [arg for arg, sq in float_terms if not sq].index(a.arg)
-            index = len(specs)
-            specs.append((func, *counters, argument))
-            results.append(lambda i=index: F.col(FLOAT_RESULTS).getItem(i))
+        elif func in SUMMED and state.exact_float(a):
+            argument = state.float_args.index(a.arg)
+            specs.append((func, *state.float_counts(a.arg), argument))
+            i = len(specs) - 1
+            results.append(lambda i=i: F.col(FLOAT_RESULTS).getItem(i))
         elif func in SUMMED:
-            st = _sum_type(dt, func.upper())
-            total = add(f"_sum_{a.arg}", F.coalesce(_times_diff(x, dt, st), F.lit(0).cast(st)))
+            total = f"_sum_{a.arg}"
+            accumulable.sum_type(dt, func.upper())  # an error naming the aggregate, for a bad type
             if func == "sum":
                 results.append(lambda nn=nn, total=total, dt=dt: _sum_result(nn, total, dt))
-            elif func == "avg":
-                results.append(lambda nn=nn, total=total, dt=dt: _avg_result(nn, total, dt))
-            else:  # pragma: no cover - _exact_float takes every numeric VARIANCE/STDDEV
+            elif func != "avg":  # pragma: no cover - every numeric VARIANCE/STDDEV is exact
                 raise InvariantViolation(f"{func} over {dt.simpleString()} is not summed exactly")
+            elif isinstance(dt, T.DecimalType) and accumulable.sql_average_numerator(dt) is None:
+                averages.append((total, nn, dt))
+                i = len(averages) - 1
+                results.append(lambda nn=nn, i=i, dt=dt: _divided_average(nn, i, dt))
+            else:
+                results.append(lambda nn=nn, total=total, dt=dt: _avg_result(nn, total, dt))
         elif func in ("bool_and", "bool_or"):
             if not isinstance(dt, T.BooleanType):
                 raise UnsupportedSqlError(
                     f"{func.upper()} over a column of type {dt.simpleString()}", construct=func
                 )
-            true = add(f"_true_{a.arg}", F.when(x, diff).otherwise(0).cast("bigint"))
+            true = f"_true_{a.arg}"
             if func == "bool_and":
                 results.append(lambda nn=nn, t=true: F.when(_c(nn) > 0, _c(t) == _c(nn)))
             else:
                 results.append(lambda nn=nn, t=true: F.when(_c(nn) > 0, _c(t) > 0))
         else:  # pragma: no cover - the planner routes only accumulable functions here
             raise InvariantViolation(f"{func} is not accumulable")
-    terms = [(t, arg, sq) for (arg, sq), t in float_terms.items()]
-    names = [a.name for a in aggregates]
-    return _Accumulator(contributions, state, results, names, terms, specs)
+    contributions = [_contribution(c, types) for c in state.columns]
+    return _Accumulator(state, contributions, results, specs, averages)
 
 
 FLOAT_SUMS = ("_v", "_qh", "_ql")
@@ -328,8 +364,8 @@ def _float_sums(acc: _Accumulator, delta: DataFrame, keys: Sequence[str]) -> Dat
     epoch appends to a ``float_sums`` table (``_t`` the argument, ``_b`` the exponent, ``_v``,
     ``_qh``, ``_ql`` the sums of :func:`ops.floatsum.terms` times ``_diff``); all-zero rows
     dropped. The input is summed per exponent: a few rows per group, whatever its size."""
-    args = [arg for _, arg, squared in acc.float_terms if not squared]
-    squared = {arg for _, arg, sq in acc.float_terms if sq}
+    args = acc.layout.float_args
+    squared = acc.layout.squared
     dec = T.DecimalType(38, 0)
     ks = [_c(k) for k in keys]
     x = [_c(a).cast("double") for a in args]
@@ -402,8 +438,7 @@ def _times_diff(x: Column, dt: T.DataType, st: T.DataType) -> Column:
     digits at most, which keeps the product within 38 digits: any diff when ``p`` <= 18.
     A larger diff (a row repeated more than ``10^(37-p)`` times at once) gets Spark's
     product. Not multiplying is also faster: Spark multiplies decimals as
-    ``java.math.BigDecimal`` objects (SF1 ``pricing_summary``'s build: five decimal sums
-    over 6M rows)."""
+    ``java.math.BigDecimal`` objects."""
     diff = _c(DIFF)
     weighed = x.cast(st)
     product = weighed * diff
@@ -422,8 +457,10 @@ def _times_diff(x: Column, dt: T.DataType, st: T.DataType) -> Column:
 
 
 def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:
+    """Spark's SUM from the state: NULL with no non-NULL value, else the exact sum cast to
+    SUM's type (:func:`ops.accumulable.summed_decimal`, a BIGINT, a double)."""
     if isinstance(dt, T.DecimalType):
-        out: T.DataType = T.DecimalType(min(38, dt.precision + 10), dt.scale)
+        out: T.DataType = accumulable.summed_decimal(dt)
     elif isinstance(dt, (T.FloatType, T.DoubleType)):
         out = T.DoubleType()
     else:
@@ -432,15 +469,28 @@ def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:
 
 
 def _avg_result(nn: str, total: str, dt: T.DataType) -> Column:
-    """Spark's own AVG: DECIMAL(p, s) -> sum as DECIMAL(p+10, s) / count, as DECIMAL(p+4, s+4)."""
-    if isinstance(dt, T.DecimalType):
-        p, s = dt.precision, dt.scale
-        expr = (
-            f"CAST(CAST(`{total}` AS DECIMAL({min(38, p + 10)}, {s})) / "
-            f"CAST(`{nn}` AS DECIMAL(20, 0)) AS DECIMAL({min(38, p + 4)}, {min(38, s + 4)}))"
-        )
-        return F.when(_c(nn) > 0, F.expr(expr))
-    return F.when(_c(nn) > 0, _c(total).cast("double") / _c(nn).cast("double"))
+    """Spark's AVG from the state: NULL with no non-NULL value; of integers a double quotient;
+    of a DECIMAL(p, s), as ``Average`` divides (:func:`ops.accumulable.decimal_average`): the
+    sum cast to DECIMAL(p + 10, s) (Spark's overflow check), widened exactly to
+    :func:`ops.accumulable.sql_average_numerator`'s type, divided by the count as
+    DECIMAL(20, 0) in a division whose type has the result's scale (Spark rounds its 39-place
+    quotient once, to it), then cast to DECIMAL(p + 4, s + 4). Only for types that have such a
+    division; the others are :func:`_divided_average`'s."""
+    if not isinstance(dt, T.DecimalType):
+        return F.when(_c(nn) > 0, _c(total).cast("double") / _c(nn).cast("double"))
+    numerator = accumulable.sql_average_numerator(dt)
+    if numerator is None:  # pragma: no cover - _accumulator routes these to the workers
+        raise InvariantViolation(f"AVG over {dt.simpleString()} has no exact decimal division")
+    count = _c(nn).cast(T.DecimalType(accumulable.COUNT_DIGITS, 0))
+    quotient = _c(total).cast(accumulable.summed_decimal(dt)).cast(numerator) / count
+    return F.when(_c(nn) > 0, quotient.cast(accumulable.average_decimal(dt)))
+
+
+def _divided_average(nn: str, i: int, dt: T.DecimalType) -> Column:
+    """AVG of a decimal divided by :func:`ops.accumulable.decimal_averages` (the ``i``-th of
+    :data:`DECIMAL_AVERAGES`), cast to its type (past it: Spark's cast raises, or NULL)."""
+    quotient = F.col(DECIMAL_AVERAGES).getItem(i)
+    return F.when(_c(nn) > 0, quotient.cast(accumulable.average_decimal(dt)))
 
 
 def _group_sums(
@@ -464,6 +514,8 @@ def _results(acc: _Accumulator, keys: Sequence[str], state: DataFrame) -> DataFr
     and :data:`FLOAT_BINS` when it keeps exact floating-point sums."""
     if acc.float_specs:
         state = _with_float_results(state, acc)
+    if acc.averages:
+        state = _with_decimal_averages(state, acc)
     return state.select(
         *[_c(k) for k in keys],
         *[r().alias(n) for r, n in zip(acc.results, acc.names, strict=True)],
@@ -564,13 +616,13 @@ def _built_by_driver(
 ) -> DataFrame | None:
     """A build's levels above level 0 (``level0``, just written: ``rows`` rows) computed
     by the driver with ``levels`` and written by it, or None (nothing written) when level 0
-    is larger than :data:`~ops.buffer.DRIVER_STATE_ROWS`, an earlier attempt wrote it, or a
+    has more rows than the policy's ``driver_state_rows``, an earlier attempt wrote it, or a
     column's type is not exact: Spark climbs. One Spark job (collecting level 0) instead of
     some three a level; each level's table has the schema Spark's write would give it (the
     same frames, planned and not run). Returns the top level."""
     if (
         rows is None
-        or rows > buffer.DRIVER_STATE_ROWS
+        or rows > current().driver_state_rows
         or store.write_rows is None
         or not exact_types(level0.schema)
     ):
@@ -604,10 +656,8 @@ def _climb(
     ``unique``: ``level0`` is already one row per ``(keys, leaf values)`` with a non-zero
     ``_diff`` (the input presummed at that grain), so it is written as it stands. In a
     build, a level's new rows are its whole contents, one per bucket: they too are written
-    as computed, with no summing pass against the (empty) old level. SF1 ``pricing_summary``
-    (a 7-level tower) and ``revenue_by_segment`` (DISTINCT counts at their grain) built in
-    turn, alternated in one warm session, first round dropped: 19.8-25.7s against
-    23.6-28.7s before these two shortcuts."""
+    as computed, with no summing pass against the (empty) old level (BENCHMARKS.md, "Policy
+    thresholds: reductions")."""
     keys = list(tower.keys)
     tables = branch.tables
     leaf = _with_buckets(level0, tower.leaf_values, branch.levels).withColumn(
@@ -695,8 +745,8 @@ def _first_k(rows: DataFrame, group: list[str], order: list[Column], k: int) -> 
     positive), the last one's multiplicity cut to fit.
 
     They are among the first ``k`` distinct rows, which Spark keeps per task before the shuffle
-    (a partial window group limit; without groups, a take-ordered), so a top-k over 1.5M rows
-    sorts a few hundred of them after the shuffle.
+    (a partial window group limit; without groups, a take-ordered), so after the shuffle it
+    sorts at most ``k`` rows per group and task, whatever the input's size.
     """
     w = Window.partitionBy(*[_c(g) for g in group]).orderBy(*order)
     rows = rows.withColumn("_rn", F.row_number().over(w)).where(_c("_rn") <= k).drop("_rn")
@@ -718,13 +768,12 @@ def _buffered(
     buffer holds the group's count). A change row ranked at or above the buffer's last row goes
     into it (a deletion takes its row out); one ranked below changes only the count. Either
     way the buffer is again a prefix of the group. A group left with fewer than ``k`` rows out
-    of more is refilled from ``store.snapshot``.
+    of more is refilled from ``store.snapshot`` (:func:`_refilled`).
     """
     count_table, first_table = branch.tables
     keys = list(branch.state_keys)
     cols = list(dict.fromkeys([*keys, *node.input.columns]))
-    k = node.limit + node.offset
-    kept = k + topk_spare(node)
+    kept = node.limit + node.offset + topk_spare(node)
     framed = delta if node.partition else _with_global_key(delta)
     change = framed.select(*[_c(c) for c in cols], DIFF)
     if store.old > 0:
@@ -732,65 +781,13 @@ def _buffered(
     elif not scan_only(change):  # a build reads its input twice (counts and buffers)
         change = materialize(change)
     counts = consolidate(change, keys, by_time=False)
-    stamp = F.lit(store.new).cast("bigint")
-
-    def sized(total: DataFrame, rows: DataFrame) -> DataFrame:
-        """``total`` (a count per group) with ``_n``: the rows of ``rows`` in the group."""
-        n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias("_n"))
-        joined = _join_on(total, n, keys, "left")
-        return joined.withColumn("_n", F.coalesce(_c("_n"), F.lit(0)))
-
     if store.old == 0:
         first_old = change.limit(0)
         first_new = _first_k(change.where(_c(DIFF) > 0), keys, order, kept)
     else:
-        touched = change.select(*[_c(c) for c in keys])
-        first_old = materialize(
-            store.read_consolidated(first_table, keys, touched, store.old, change)
-        )
-        count_old = store.read_consolidated(count_table, keys, touched, store.old, counts)
-        # Groups with rows ranked below their buffer (the others take every change row).
-        partial = sized(count_old, first_old).where(_c(DIFF) > _c("_n"))
-        partial = partial.select(*[_c(c) for c in keys], F.lit(True).alias("_partial"))
-        # Buffer rows at or after each change row (a change row sorts before an equal one).
-        w = (
-            Window.partitionBy(*[_c(c) for c in keys])
-            .orderBy(*order, _c("_buf"))
-            .rowsBetween(Window.currentRow, Window.unboundedFollowing)
-        )
-        marked = (
-            change.withColumn("_buf", F.lit(0))
-            .unionByName(first_old.withColumn("_buf", F.lit(1)))
-            .withColumn("_after", F.sum(_c("_buf")).over(w))
-            .where(_c("_buf") == 0)
-        )
-        taken = _join_on(marked, partial, keys, "left")
-        taken = taken.where((_c("_after") > 0) | _c("_partial").isNull())
-        merged = consolidate(
-            first_old.unionByName(taken.select(*[_c(c) for c in cols], DIFF)), cols, by_time=False
-        )
-        merged = materialize(merged.where(_c(DIFF) > 0))
-        count_new = consolidate(count_old.unionByName(counts), keys, by_time=False)
-        short = sized(count_new, merged).where((_c("_n") < k) & (_c(DIFF) > _c("_n")))
-        short = short.select(*[_c(c) for c in keys])
-        first_new = _first_k(merged, keys, order, kept)
-        refills = len(found := short.collect())
-        if refills:
-            short = store.spark.createDataFrame(found, short.schema)
-            if store.snapshot is None:
-                raise InvariantViolation(f"TopK {node.label} needs its input to refill a group")
-            store.progress(
-                f"TopK {node.label}: {refills} group(s) under {k} rows: refilled from the input "
-                f"(if this repeats, raise the hint topk_spare above {topk_spare(node)})"
-            )
-            whole = store.snapshot(node.input)
-            whole = whole if node.partition else _with_global_key(whole)
-            whole = _join_on(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")
-            whole = consolidate(whole, cols, by_time=False).where(_c(DIFF) > 0)
-            first_new = _join_on(first_new, short, keys, "left_anti").unionByName(
-                _first_k(whole, keys, order, kept)
-            )
+        first_old, first_new = _merged_buffers(node, branch, change, counts, store, order)
     first_new = materialize(first_new)
+    stamp = F.lit(store.new).cast("bigint")
     store.write(count_table, counts.withColumn(TIME, stamp))
     buffer_change = consolidate(
         first_new.unionByName(first_old.withColumn(DIFF, -_c(DIFF))).withColumn(TIME, stamp),
@@ -798,6 +795,93 @@ def _buffered(
     )
     store.write(first_table, buffer_change)
     return first_old, first_new
+
+
+def _sized(total: DataFrame, rows: DataFrame, keys: list[str]) -> DataFrame:
+    """``total`` (a count per group) with ``_n``: the rows of ``rows`` in the group."""
+    n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias("_n"))
+    joined = _join_on(total, n, keys, "left")
+    return joined.withColumn("_n", F.coalesce(_c("_n"), F.lit(0)))
+
+
+def _merged_buffers(
+    node: TopK,
+    branch: Branch,
+    change: DataFrame,
+    counts: DataFrame,
+    store: StateStore,
+    order: list[Column],
+) -> tuple[DataFrame, DataFrame]:
+    """A refresh's touched groups' buffers at ``old`` (read) and at ``new`` (``change``,
+    consolidated, merged into them under :func:`_buffered`'s invariant; short groups
+    refilled); ``counts``: the change's count per group. Writes nothing."""
+    count_table, first_table = branch.tables
+    keys = list(branch.state_keys)
+    cols = list(dict.fromkeys([*keys, *node.input.columns]))
+    k = node.limit + node.offset
+    touched = change.select(*[_c(c) for c in keys])
+    first_old = materialize(store.read_consolidated(first_table, keys, touched, store.old, change))
+    count_old = store.read_consolidated(count_table, keys, touched, store.old, counts)
+    # Groups with rows ranked below their buffer (the others take every change row).
+    below = _sized(count_old, first_old, keys).where(_c(DIFF) > _c("_n"))
+    below = below.select(*[_c(c) for c in keys], F.lit(True).alias("_partial"))
+    # Buffer rows at or after each change row (a change row sorts before an equal one).
+    w = (
+        Window.partitionBy(*[_c(c) for c in keys])
+        .orderBy(*order, _c("_buf"))
+        .rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    )
+    marked = (
+        change.withColumn("_buf", F.lit(0))
+        .unionByName(first_old.withColumn("_buf", F.lit(1)))
+        .withColumn("_after", F.sum(_c("_buf")).over(w))
+        .where(_c("_buf") == 0)
+    )
+    taken = _join_on(marked, below, keys, "left")
+    taken = taken.where((_c("_after") > 0) | _c("_partial").isNull())
+    merged = consolidate(
+        first_old.unionByName(taken.select(*[_c(c) for c in cols], DIFF)), cols, by_time=False
+    )
+    merged = materialize(merged.where(_c(DIFF) > 0))
+    count_new = consolidate(count_old.unionByName(counts), keys, by_time=False)
+    short = _sized(count_new, merged, keys).where((_c("_n") < k) & (_c(DIFF) > _c("_n")))
+    first_new = _first_k(merged, keys, order, k + topk_spare(node))
+    short = short.select(*[_c(c) for c in keys])
+    return first_old, _refilled(node, branch, short, first_new, store, order)
+
+
+def _refilled(
+    node: TopK,
+    branch: Branch,
+    short: DataFrame,
+    first_new: DataFrame,
+    store: StateStore,
+    order: list[Column],
+) -> DataFrame:
+    """``first_new`` with the buffers of the ``short`` groups (their keys: fewer than ``k``
+    rows buffered out of more) replaced by their first rows in the input evaluated from
+    scratch (``store.snapshot``); as it is when no group is short."""
+    keys = list(branch.state_keys)
+    cols = list(dict.fromkeys([*keys, *node.input.columns]))
+    refills = len(found := short.collect())
+    if not refills:
+        return first_new
+    short = store.spark.createDataFrame(found, short.schema)
+    if store.snapshot is None:
+        raise InvariantViolation(f"TopK {node.label} needs its input to refill a group")
+    k = node.limit + node.offset
+    store.progress(
+        f"TopK {node.label}: {refills} group(s) under {k} rows: refilled from the input "
+        f"(if this repeats, raise the hint topk_spare above {topk_spare(node)})"
+    )
+    whole = store.snapshot(node.input)
+    whole = whole if node.partition else _with_global_key(whole)
+    whole = _join_on(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")
+    whole = consolidate(whole, cols, by_time=False).where(_c(DIFF) > 0)
+    kept = k + topk_spare(node)
+    return _join_on(first_new, short, keys, "left_anti").unionByName(
+        _first_k(whole, keys, order, kept)
+    )
 
 
 def _numbered_change(
@@ -896,7 +980,7 @@ def _presum(node: Reduce, delta: DataFrame, grain: Sequence[str]) -> DataFrame:
     Per grain it holds ``_diff`` summed and the plain accumulable branch's state sums. Rows
     whose ``_diff`` and sums are all zero are dropped (they change nothing); a row with a
     zero ``_diff`` but non-zero sums is kept (an update of a summed column). A build then
-    keeps (say) revenue_by_segment's 1.5M grain rows instead of the 6M-row join under them.
+    keeps one row per grain value instead of the input (a join, say) under them.
     """
     plain = [b for b in branches(node) if b.kind == "accumulable" and not b.distinct]
     accs = [_accumulator(b.aggregates, delta.schema) for b in plain]
@@ -964,8 +1048,8 @@ def _distinct_change(
 
     ``unique``: ``delta`` is already one row per ``(group, value)`` with a non-zero
     ``_diff`` (the input presummed at exactly that grain, and kept): it is the counts'
-    change as it stands, with no second summing pass and no second copy. SF1
-    ``revenue_by_segment`` built, its 1.5M counts: that pass and copy took 1.6s of 14s."""
+    change as it stands, with no second summing pass and no second copy (BENCHMARKS.md,
+    "Policy thresholds: reductions")."""
     value = branch.value or ""
     table = branch.tables[0]
     cols = [*keys, value]
@@ -985,8 +1069,7 @@ def _distinct_change(
         # A build: no count was above zero before, so every value with a positive count is
         # new and nothing crosses down: no lookup, no join, no second copy. The counts are
         # one row per (group, value), so with their size the write is spread over the
-        # cores. SF1 revenue_by_segment rebuilt, alternated, first round dropped: 21.9-24.1s
-        # against 23.3-31.8s (its 1.5M-row count table: 3.6-4.3s against 4.4-5.2s).
+        # cores (BENCHMARKS.md, "Policy thresholds: reductions").
         store.write(table, change, rows_hint=change.count())
         return change.where(_c(DIFF) > 0).select(
             *[_c(c) for c in cols], F.lit(1).cast("bigint").alias(DIFF)

@@ -296,9 +296,14 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(overrides).items():
+    conf = spark_conf(overrides)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     if url is None:
+        # PySpark starts its Python workers with $PYSPARK_PYTHON (else `python3` from the
+        # PATH), not with the spark.pyspark.python setting, which only spark-submit reads.
+        if "spark.pyspark.python" in conf:
+            os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
         return spark

@@ -1026,12 +1026,6 @@ KNOWN_BUG_FEATURES: dict[str, str] = {
     # build: UNRESOLVED_COLUMN `s` (the FILTER's CASE replaces the argument, the ORDER BY
     # still names it); without DISTINCT, or without FILTER, it is planned.
     "distinct_string_agg_filter": "LISTAGG(DISTINCT s) ... FILTER: build aborts, UNRESOLVED_COLUMN",
-    # Bug: AVG of a DECIMAL(38,18) after an incremental change (driver's path and Spark's, a
-    # group or global): 407407407074.0740740737407407400000 where Spark from scratch gives
-    # 407407407074.0740740737407407403333 (x = 123456789012.123456789012345678,
-    # 987654321098.987654321098765432, then insert 111111111111.111111111111111111): the
-    # quotient keeps about 29 significant digits of the 34 of DECIMAL(38,22). The build is right.
-    "avg_wide_decimal": "AVG of a wide DECIMAL after a change: the last digits are lost",
     # Bug: a source DOUBLE holding -0.0, filtered by x = 0.0 / x IN (0.0, ...) / x >= 0.0: rows
     # read by Spark from the delta-rs Parquet files (snapshots, appended files) are dropped:
     # parquet-mr's dictionary filter, given Spark's pushed-down predicate, compares with Java's
@@ -1874,40 +1868,23 @@ def write_project(case: Case, root: Path, paths: dict[str, str] | None = None) -
 
 @contextlib.contextmanager
 def forced_path(path: str) -> Iterator[None]:
-    """The engine's switches for one path: ``driver`` (its defaults: small changes computed and
-    written by the driver) or ``spark`` (every change computed and written by Spark: no small
-    change, no driver views, writes, state, sorts, builds or lookups). Both lower ``RECOMPUTE_MIN_ROWS`` so that
-    a large batch of these small tables is recomputed, as a large one of a big table is."""
-    import engine.facade
-    import ops.arrange
-    import ops.buffer
-    import ops.local
-    import ops.sink
+    """The execution policy of one path (:mod:`ivm.policy`): ``driver`` (the policy in force:
+    small changes computed and written by the driver) or ``spark``
+    (:meth:`~ivm.policy.Policy.spark_only`: every change computed and written by Spark: no
+    small change, no driver views, writes, state, sorts, builds or lookups). Both lower
+    ``recompute_min_rows`` to :data:`RECOMPUTE_MIN_ROWS` so that a large batch of these small
+    tables is recomputed, as a large one of a big table is."""
+    import ivm.policy
+    from ivm.policy import Policy
 
-    patches: list[tuple[Any, str, Any]] = [(engine.facade, "RECOMPUTE_MIN_ROWS", RECOMPUTE_MIN_ROWS)]
     if path == "spark":
-        patches += [
-            (ops.sink, "DRIVER_WRITE", False),
-            (ops.sink, "DRIVER_CHANGE_ROWS", 0),  # the engine's small-change checks: never
-            (ops.local, "DRIVER_VIEWS", False),
-            (ops.buffer, "DRIVER_STATE_ROWS", 0),
-            (ops.arrange, "DRIVER_SORT_ROWS", 0),
-            (ops.arrange, "DRIVER_BUILD_ROWS", 0),
-            (ops.arrange, "DRIVER_LOOKUP_ROWS", 0),
-        ]
-    elif path != "driver":
+        chosen = Policy.spark_only(recompute_min_rows=RECOMPUTE_MIN_ROWS)
+    elif path == "driver":
+        chosen = ivm.policy.current().replace(recompute_min_rows=RECOMPUTE_MIN_ROWS)
+    else:
         raise ValueError(f"path must be 'driver' or 'spark', not {path!r}")
-    saved = []
-    for module, attr, value in patches:
-        if not hasattr(module, attr):  # renamed: the path would silently not be forced
-            raise AttributeError(f"{module.__name__}.{attr} is gone: update tests/fuzz.py")
-        saved.append((module, attr, getattr(module, attr)))
-        setattr(module, attr, value)
-    try:
+    with ivm.policy.using(chosen):
         yield
-    finally:
-        for module, attr, value in reversed(saved):
-            setattr(module, attr, value)
 
 
 @dataclass

@@ -561,7 +561,7 @@ def test_a_refresh_starts_the_views_on_its_longest_chains_first(spark, make_proj
 
 def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project, tmp_path):
     """A change to more than ``recompute_above`` of a view's input rows (and to at least
-    RECOMPUTE_MIN_ROWS of them) recomputes the view from its inputs' state, with its reason;
+    policy.recompute_min_rows of them) recomputes the view from its inputs' state, with its reason;
     a smaller one is applied incrementally; both give the same rows."""
     n = 3 * policy.current().recompute_min_rows
     path = str(tmp_path / "wide")

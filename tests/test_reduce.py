@@ -9,17 +9,27 @@ keys (``grp`` and ``tag`` go NULL), duplicate values under COUNT(DISTINCT), one 
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import pytest
 
-import ops.arrange
-import ops.buffer
+import ivm.policy
 from engine.facade import Engine
 from tests.lakegen import JoinLake
 from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def policy() -> Iterator[Callable[..., ivm.policy.Policy]]:
+    """``policy(**changes)``: the policy in force with ``changes``, until the test ends
+    (:func:`ivm.policy.using`)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(ivm.policy.using(**changes))
+
 
 VIEWS = {
     "r_acc": """
@@ -134,12 +144,10 @@ VIEWS = {
 
 
 @pytest.mark.parametrize("driver", [True, False], ids=["small state by the driver", "by Spark"])
-def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, monkeypatch):
+def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
     builds: list[str] = []
     if not driver:  # towers, buffers, sums of a small change, builds: Spark's jobs alone
-        monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
-        monkeypatch.setattr(ops.arrange, "DRIVER_SORT_ROWS", 0)
-        monkeypatch.setattr(ops.arrange, "DRIVER_BUILD_ROWS", 0)
+        policy(driver_state_rows=0, driver_sort_rows=0, driver_build_rows=0)
     lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, 2025, builds.append)
     # A build's DISTINCT counts (their size known) sorted and written by the driver.
     built_counts = [m for m in builds if ".distinct_" in m and "at epoch 1, written by" in m]
@@ -197,10 +205,8 @@ JOIN_VIEWS = {
 
 
 @pytest.mark.parametrize("driver", [True, False], ids=["joins by the driver", "by Spark"])
-def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, monkeypatch, driver):
-    import ops.local
-
-    monkeypatch.setattr(ops.local, "DRIVER_VIEWS", driver)
+def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, policy, driver):
+    policy(driver=driver)
     lake = JoinLake(tmp_path / "data", 5)
     root = make_project(JOIN_VIEWS, lake.create())
     messages: list[str] = []
@@ -237,7 +243,7 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, monke
 
 @pytest.mark.parametrize("by_driver", [False, True], ids=["spark", "driver"])
 def test_deleting_the_minimum_reexamines_few_entries(
-    spark, make_project, tmp_path, monkeypatch, by_driver
+    spark, make_project, tmp_path, monkeypatch, policy, by_driver
 ):
     """One group of 20,000 values: deleting its minimum and maximum reads a few pages of
     each tower level, not the group (rows measured in Spark's Parquet scans). The driver's
@@ -245,15 +251,14 @@ def test_deleting_the_minimum_reexamines_few_entries(
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    import ops.buffer
     from engine.oracle import compare_views
-    from ops.arrange import PAGE_ROWS
 
+    page_rows = ivm.policy.current().page_rows
     if not by_driver:  # Spark's jobs alone, its scans skipping pages (no file in memory)
         import ops.arrange
         from resources.filecache import FileCache
 
-        monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
+        policy(driver_state_rows=0)
         monkeypatch.setattr(ops.arrange, "FILES", FileCache(0))
 
     n = 20_000
@@ -304,13 +309,11 @@ def test_deleting_the_minimum_reexamines_few_entries(
     assert not climbed and jobs >= 45, (messages, jobs)
     for name in levels:
         st = lookups[name]
-        assert st.rows_scanned <= 4 * PAGE_ROWS, (name, st)
+        assert st.rows_scanned <= 4 * page_rows, (name, st)
     assert sum(lookups[name].rows_scanned for name in levels) < n // 2
 
 
-def test_a_tower_the_driver_builds_is_the_one_spark_builds(
-    spark, make_project, tmp_path, monkeypatch
-):
+def test_a_tower_the_driver_builds_is_the_one_spark_builds(spark, make_project, tmp_path):
     """A build whose level 0 is small computes the levels above it on the driver (one Spark
     job, not some three a level): the same rows and Delta schema per level as Spark's build
     (strings and dates, NULL keys and NULL values); a rebuild by the driver replaces the
@@ -320,7 +323,6 @@ def test_a_tower_the_driver_builds_is_the_one_spark_builds(
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    import ops.buffer
     from engine.oracle import compare_views
     from ivm.plan.reduce import state_tables
 
@@ -361,12 +363,11 @@ def test_a_tower_the_driver_builds_is_the_one_spark_builds(
                 )
         return out
 
-    monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
-    assert engine.refresh().ok
+    with ivm.policy.using(driver_state_rows=0):
+        assert engine.refresh().ok
     assert not [m for m in messages if "tower built by the driver" in m]
     by_spark = levels()
     assert len(by_spark) == 2 * 4 and all(rows for _, rows in by_spark.values())
-    monkeypatch.undo()
     messages.clear()
     report = engine.refresh(rebuild=True)
     assert report.ok
@@ -382,7 +383,7 @@ def test_a_tower_the_driver_builds_is_the_one_spark_builds(
 
 @pytest.mark.parametrize("by_driver", [True, False], ids=["driver", "spark"])
 def test_buffered_topk_refills_only_a_depleted_group(
-    spark, make_project, tmp_path, monkeypatch, by_driver
+    spark, make_project, tmp_path, policy, by_driver
 ):
     """A TopK keeps its first k + spare rows per group: deleting buffered rows eats the spare
     ones, a group left with fewer than k is refilled from the input (only then), and changes
@@ -393,12 +394,11 @@ def test_buffered_topk_refills_only_a_depleted_group(
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    import ops.buffer
     from engine.oracle import compare_views
     from ops import DIFF
 
     if not by_driver:
-        monkeypatch.setattr(ops.buffer, "DRIVER_STATE_ROWS", 0)
+        policy(driver_state_rows=0)
 
     path = str(tmp_path / "t")
     rows = {"g": ["x"] * 1000 + ["y"] * 3 + [None] * 2, "v": [*range(1000), 7, 8, 9, 1, 2]}
@@ -643,7 +643,8 @@ def test_a_sum_weighs_values_by_diff_exactly(spark, column_type):
 
     from pyspark.sql import functions as F
 
-    from ops.reduce import _sum_type, _times_diff
+    from ops.accumulable import sum_type
+    from ops.reduce import _times_diff
 
     values = ("1.1234567891", "-7.25", "0", None)
     diffs = (1, -1, 2, -3, 0, 1234567, -98765432109)
@@ -651,7 +652,7 @@ def test_a_sum_weighs_values_by_diff_exactly(spark, column_type):
         [(v, d) for v in values for d in diffs], "v string, _diff bigint"
     ).select(F.col("v").cast("decimal(20,10)").cast(column_type).alias("x"), "_diff")
     dt = df.schema["x"].dataType
-    st = _sum_type(dt, "SUM")
+    st = sum_type(dt, "SUM")
     product = F.col("x").cast(st) * F.col("_diff")
     out = df.select("x", "_diff", product.alias("spark"), _times_diff(F.col("x"), dt, st))
     weighed = out.schema[3].dataType
@@ -776,3 +777,99 @@ def test_towers_bucketed_by_another_hash_are_rebuilt(spark, make_project, tmp_pa
     assert [v.status for v in report.views] == ["rebuilt"]
     check_all(engine)
     assert engine.rebuild_reason("lo") is None
+
+
+AVERAGED_DECIMALS = [(38, 18), (38, 6), (25, 3), (23, 2), (20, 10), (15, 2), (12, 1), (10, 0)]
+"""Decimal shapes whose AVG Spark's path divides in SQL (p <= 24, s >= 2) and in its Python
+workers (the others), each once rounded twice before (a DECIMAL(38, 18)'s last 4 digits)."""
+
+
+def test_avg_of_a_decimal_is_sparks_on_both_renderers(spark):
+    """AVG (and SUM) of decimals from an accumulable branch's summed state, by Spark's renderer
+    (a decimal division of the sum by the count, or ``ops.accumulable.decimal_averages`` in Spark's
+    Python workers) and by the driver's, equal Spark's own aggregates over the same rows: the
+    quotient to 39 places, then to the result's scale, half up both times."""
+    import random
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from ivm.plan.ir import Aggregate
+    from ops.local_reduce import _Accumulable
+    from ops.reduce import _accumulator, _group_sums, _results
+
+    rng = random.Random(11)
+    aggregates = [Aggregate("a", "avg", "x"), Aggregate("s", "sum", "x")]
+    in_workers = set()
+    for p, s in AVERAGED_DECIMALS:
+        bound = 10 ** (min(p - s, 6) + s)
+        drawn = [
+            (g, None if rng.random() < 0.05 else rng.randrange(-bound, bound))
+            for g in range(60)
+            for _ in range(rng.choice([1, 2, 3, 7, 11, 101]))
+        ]
+        rows = [
+            {"g": g, "x": None if x is None else Decimal(x).scaleb(-s), "_diff": 1}
+            for g, x in drawn
+        ]
+        schema = pa.schema([("g", pa.int32()), ("x", pa.decimal128(p, s)), ("_diff", pa.int64())])
+        table = pa.Table.from_pylist(rows, schema)
+        df = spark.createDataFrame(table)
+        spark_aggregates = df.groupBy("g").agg(F.avg("x").alias("a"), F.sum("x").alias("s"))
+        theirs = {r.g: (r.a, r.s) for r in spark_aggregates.collect()}
+        acc = _accumulator(aggregates, df.schema)
+        if acc.averages:
+            in_workers.add((p, s))
+        state = _group_sums(acc, df, ["g"])
+        by_spark = {r.g: (r.a, r.s) for r in _results(acc, ["g"], state).collect()}
+        assert by_spark == theirs, (p, s)
+        types = {f.name: f.dataType for f in from_arrow_schema(schema).fields}
+        driver = _Accumulable(aggregates, types)
+        by_driver = {g: tuple(driver.results(v)) for (g,), v in driver.sums(table, ["g"]).items()}
+        assert by_driver == theirs, (p, s)
+    assert in_workers == {(38, 18), (38, 6), (25, 3), (12, 1), (10, 0)}
+
+
+@pytest.mark.parametrize("spark_only", [False, True], ids=["driver", "spark"])
+def test_avg_of_a_wide_decimal_keeps_its_digits_after_a_change(
+    spark, make_project, tmp_path, spark_only
+):
+    """The fuzzer's case: AVG of a DECIMAL(38, 18) after an insert equals Spark's from-scratch
+    AVG to its 22nd decimal (incrementally it lost the last 4: ...7407407400000), grouped and
+    global, computed by the driver and by Spark alone."""
+    from decimal import Decimal
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from engine.oracle import spark_compare_views
+
+    schema = pa.schema([("g", pa.string()), ("x", pa.decimal128(38, 18))])
+    values = ["123456789012.123456789012345678", "987654321098.987654321098765432"]
+    path = str(tmp_path / "t")
+    write_deltalake(
+        path,
+        pa.Table.from_pylist([{"g": "a", "x": Decimal(v)} for v in values], schema),
+        configuration={"delta.enableChangeDataFeed": "true"},
+    )
+    views = {
+        "grouped": "CREATE VIEW grouped AS SELECT g, avg(x) AS a, sum(x) AS s FROM t GROUP BY g",
+        "overall": "CREATE VIEW overall AS SELECT avg(x) AS a FROM t",
+    }
+    policy = ivm.policy.Policy.spark_only() if spark_only else ivm.policy.current()
+    with ivm.policy.using(policy):
+        engine = Engine(make_project(views, {"t": path}), spark=spark)
+        assert engine.refresh().ok
+        added = [{"g": "a", "x": Decimal("111111111111.111111111111111111")}]
+        write_deltalake(path, pa.Table.from_pylist(added, schema), mode="append")
+        report = engine.refresh()
+        assert report.ok, [v.error for v in report.views]
+        computed = {v.view: v.computed_by for v in report.views}
+        assert computed["grouped"] == ("spark" if spark_only else "driver"), computed
+        for c in spark_compare_views(engine):
+            assert c.equal, c.describe()
+    mean = Decimal("407407407074.0740740737407407403333")
+    assert engine.read_view("grouped").column("a").to_pylist() == [mean]
+    assert engine.read_view("overall").column("a").to_pylist() == [mean]

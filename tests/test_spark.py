@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from py4j.clientserver import ClientServerConnection
 from py4j.protocol import MEMORY_COMMAND_NAME
@@ -41,3 +46,33 @@ def test_jvm_runs_the_throughput_collector(spark) -> None:
     beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     names = {beans.get(i).getName() for i in range(beans.size())}
     assert names == {"PS Scavenge", "PS MarkSweep"}, names
+
+
+def test_python_workers_run_this_interpreter(tmp_path: Path) -> None:
+    """PySpark starts its Python workers with ``$PYSPARK_PYTHON``, else ``python3`` from the
+    PATH, and ignores the ``spark.pyspark.python`` setting outside spark-submit: a session from
+    ``get_spark`` runs them with this interpreter (it has PyArrow and the project: exact float
+    sums and wide-decimal averages run there) even when the PATH's ``python3`` is another."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text("#!/bin/sh\necho 'not the interpreter Spark should use' >&2\nexit 3\n")
+    stub.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    script = (
+        "from resources.spark import get_spark\n"
+        "spark = get_spark({'spark.master': 'local[1]', 'spark.ui.enabled': 'false'})\n"
+        "rows = spark.range(3).mapInArrow(lambda batches: batches, 'id long').count()\n"
+        "print('rows', rows)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rows 3" in proc.stdout

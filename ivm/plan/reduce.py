@@ -20,8 +20,8 @@ Owns the decisions of DESIGN section 4 and seed 000:
   A change ranked below a group's buffer is only counted; deletions eat into the spare rows, and
   a group left with fewer than ``k`` rows (out of more) is refilled from its input evaluated
   from scratch. In a lake read by pages of ~1,000 rows, a tower's level 0 is read whole as soon
-  as a change touches more buckets than it has pages (SF1 ``orders``, 0.1% change: 1.5M rows
-  read per refresh); the buffer reads the touched groups' first rows only. Over a stateful
+  as a change touches more buckets than it has pages (BENCHMARKS.md, "Policy thresholds:
+  reductions"); the buffer reads the touched groups' first rows only. Over a stateful
   input (an aggregate) the tower stays: that input cannot be evaluated from scratch.
 - ``SetOp`` and DISTINCT keep per-row counts (accumulable) and threshold them.
 
