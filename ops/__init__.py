@@ -1,13 +1,19 @@
-"""Operators: execute plan nodes on Spark DataFrames of updates ``(columns..., _time, _diff)``.
+"""Operators: render plan nodes as updates ``(columns..., _time, _diff)``, each family with a
+renderer on Spark DataFrames and one on Arrow in the driver that give the same updates.
 
-One module per family, mirroring the planner: :mod:`ops.ingest` (sources and views -> updates),
-:mod:`ops.stateless` (filter, project, union all; joins dispatched to :mod:`ops.join`),
-:mod:`ops.expressions` (IR expressions as Spark SQL, shared by every renderer),
-:mod:`ops.consolidate`, :mod:`ops.sink` (writing updates and readable tables), :mod:`ops.rows`
-(rows the driver holds), :mod:`ops.arrange`, :mod:`ops.join`, :mod:`ops.reduce` and
-:mod:`ops.buffer` (a buffered TopK computed by the driver when its change is small).
+- stateless: :mod:`ops.stateless` (Spark) and :mod:`ops.local` (driver); expressions as Spark
+  SQL in :mod:`ops.expressions`;
+- joins: :mod:`ops.join` (Spark) and :mod:`ops.local` (driver, inner joins), lookups in shared
+  arrangements through :mod:`ops.arrange`;
+- reductions and TopK: :mod:`ops.reduce` (Spark) and :mod:`ops.local_reduce` (driver), sharing
+  :mod:`ops.accumulable` and :mod:`ops.floatsum`; the driver's steps inside Spark's plan in
+  :mod:`ops.accumulate`, :mod:`ops.climb` and :mod:`ops.buffer`;
+- inputs and outputs: :mod:`ops.ingest` (sources and logs), :mod:`ops.log_sink` (diff logs),
+  :mod:`ops.sink` (readable tables), :mod:`ops.consolidate`, :mod:`ops.rows`.
+
 Operators decide nothing the plan has not decided; where a size chooses between two ways of
-computing the same updates, the threshold is the execution policy's (:mod:`ivm.policy`).
+computing the same updates, the threshold is the execution policy's (:mod:`ivm.policy`), and
+what the driver hands to Spark is recorded (:mod:`ops.declines`).
 """
 
 TIME = "_time"
