@@ -194,8 +194,8 @@ def _run_in_fresh_process(
 
 def _engine(config: Path):  # -> Engine (no Spark: it reads the Delta logs only)
     """A fresh engine on the project ``config``: it sees what another process committed."""
-    from ivm.config import load_project
     from engine.facade import Engine
+    from ivm.config import load_project
 
     return Engine(load_project(config))
 
@@ -415,8 +415,8 @@ def sweep(scale: float, changes: list[float], spark, *, parallelism: int) -> lis
     view recomputed from its inputs' state, one left to the engine's rule
     (``recompute_above``, its default); then Spark and DuckDB from scratch."""
     from demo.tpch import apply_change_batch
-    from ivm.config import DEFAULT_RECOMPUTE_ABOVE
     from engine.facade import Engine
+    from ivm.config import DEFAULT_RECOMPUTE_ABOVE
 
     work, sources, config = setup(scale)
     engine = Engine(project(config, parallelism), spark=spark, progress=lambda m: None)

@@ -7,8 +7,8 @@ from pydantic import Field
 
 from assets.views import POOL, VIEWS_GROUP
 from engine.compact import compact, storage_report
-from ivm.config import Project
 from engine.facade import Engine
+from ivm.config import Project
 from resources.spark import check_spark
 
 REFRESH_JOB = "ivm_refresh"

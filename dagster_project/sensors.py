@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ivm.config import Project
 from engine.facade import Engine
+from ivm.config import Project
 
 
 def run_key(engine: Engine) -> str | None:
