@@ -2000,11 +2000,11 @@ def differences(expected: pa.Table, actual: pa.Table) -> tuple[list, list, str]:
     oracle lacks, under :func:`engine.oracle.table_differences`'s rules when it has them (exact;
     DOUBLEs within its relative tolerance; DuckDB's decimals rounded to the engine's scale),
     else :func:`multiset_diff`'s."""
-    import engine.oracle
+    from engine import oracle
 
-    compare = getattr(engine.oracle, "table_differences", None)
+    compare = getattr(oracle, "table_differences", None)
     if compare is None:
-        expected = engine.oracle.align_types(expected, actual)
+        expected = oracle.align_types(expected, actual)
         missing, extra = multiset_diff(_rows(expected), _rows(actual), _float_columns(actual.schema))
         return missing, extra, f"doubles within {FLOAT_REL_TOL} relative"
     d = compare(expected, actual)
@@ -2016,7 +2016,7 @@ def check_view(engine: Any, view: View) -> list[Failure]:
     """(b) Spark's from-scratch result (:func:`engine.oracle.spark_compare_views` when there is
     one) and its columns (names and types: Spark's analysis of the SQL), (c) the view's diff
     log summed against its table (:func:`engine.oracle.log_differences` when there is one)."""
-    import engine.oracle
+    from engine import oracle
 
     failures = []
     name = view.name
@@ -2025,7 +2025,7 @@ def check_view(engine: Any, view: View) -> list[Failure]:
     try:
         df = engine.from_scratch(name, epoch)
         want = [(f.name.lower(), _kind_of(f.type)) for f in _arrow_schema(df)]
-        spark_compare = getattr(engine.oracle, "spark_compare_views", None)
+        spark_compare = getattr(oracle, "spark_compare_views", None)
         if spark_compare is not None:
             (c,) = spark_compare(engine, [name])
             missing, extra = list(c.missing.elements()), list(c.extra.elements())
@@ -2047,7 +2047,7 @@ def check_view(engine: Any, view: View) -> list[Failure]:
                 + (f" (compared: {rules})" if rules else ""),
             )
         )
-    log_differences = getattr(engine.oracle, "log_differences", None)
+    log_differences = getattr(oracle, "log_differences", None)
     if log_differences is not None:
         only_table, only_log, negative = log_differences(engine, name, epoch)
         if only_table or only_log or negative:
@@ -2061,8 +2061,8 @@ def check_view(engine: Any, view: View) -> list[Failure]:
                 )
             )
         return failures
-    log = engine.oracle.log_multiset(engine, name, epoch)
-    table = engine.oracle.table_multiset(actual)
+    log = oracle.log_multiset(engine, name, epoch)
+    table = oracle.table_multiset(actual)
     if log != table:
         failures.append(
             Failure(
