@@ -18,8 +18,8 @@ Owns:
   DISTINCT's ``(group, value)`` counts crossing zero (:func:`crossings`);
 - a group's results from its state (:func:`values`), as Spark computes them: NULL with no
   non-NULL value; SUM of a decimal rounded half up to its type, of integers a BIGINT; AVG of a
-  decimal as Spark's ``Average`` divides (:func:`decimal_average`: the quotient to 39 places,
-  then to the result's scale, half up both times), of integers a double quotient;
+  decimal as Spark's ``Average`` divides (:func:`decimal_average`: the quotient truncated to
+  39 places, then rounded half up to the result's scale), of integers a double quotient;
   BOOL_AND/BOOL_OR from the TRUE count. A value past its type is Spark's (it raises under ANSI
   mode, or returns NULL): the driver declines it (:class:`~ivm.errors.NotOnDriver`).
 
@@ -75,7 +75,10 @@ _ROUNDING = decimal.Context(
 
 SPARK_DIVISION_SCALE = 39
 """Places of Spark's decimal quotient before its result type's rounding: ``Decimal./``
-divides ``java.math.BigDecimal`` values to ``DecimalType.MAX_SCALE + 1`` places, half up."""
+divides ``java.math.BigDecimal`` values to ``DecimalType.MAX_SCALE + 1`` places, truncated
+(``RoundingMode.DOWN``, SPARK-45786). Rounded half up instead, a quotient whose places past
+the result's scale read ``4999…9`` to the 39th and 5 or more after it would round up where
+Spark rounds it down (an AVG of eleven DECIMAL(38, 38) values summing to 5E-38 is 0E-38)."""
 
 COUNT_DIGITS = 20
 """A count as a decimal (``DecimalType.LongDecimal``, DECIMAL(20, 0)), as ``Average`` divides."""
@@ -306,19 +309,27 @@ def _half_up(numerator: int, denominator: int) -> int:
     return q if numerator >= 0 else -q
 
 
+def _truncated(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` (``denominator`` > 0) rounded toward zero."""
+    q = abs(numerator) // denominator
+    return q if numerator >= 0 else -q
+
+
 def decimal_average(total: Decimal, n: int, scale: int) -> Decimal:
     """Spark's ``Average`` of a decimal group whose ``n`` (> 0) values sum to ``total``:
-    ``total / n`` to :data:`SPARK_DIVISION_SCALE` places, then to ``scale``, half away from
-    zero both times (``DecimalDivideWithOverflowCheck``), in integers; the precision is not
-    checked here.
+    ``total / n`` truncated to :data:`SPARK_DIVISION_SCALE` places, then rounded half away
+    from zero to ``scale`` (``DecimalDivideWithOverflowCheck``), in integers; the precision
+    is not checked here.
 
     >>> decimal_average(Decimal("1222222221222.222222221222222221"), 3, 22)
     Decimal('407407407074.0740740737407407403333')
     >>> decimal_average(Decimal("-0.05"), 2, 2)
     Decimal('-0.03')
+    >>> decimal_average(Decimal("5E-38"), 11, 38)
+    Decimal('0E-38')
     """
     unscaled = int(total.scaleb(SPARK_DIVISION_SCALE, context=EXACT))
-    quotient = _half_up(unscaled, n)
+    quotient = _truncated(unscaled, n)
     rounded = _half_up(quotient, 10 ** (SPARK_DIVISION_SCALE - scale))
     return Decimal(rounded).scaleb(-scale, context=EXACT)
 

@@ -12,10 +12,11 @@ the expressions are analysed by Spark over an empty frame of the input's schema 
 per process, schema and expression). Values are then computed exactly: decimals in 256 bits
 (or as Python integers past that), rounded half away from zero to Spark's result scale as
 Spark rounds them, a carry into a new digit included (9.99 as DECIMAL(5,1) is 10.0), products
-in 38 significant digits and quotients to 38 places first, as ``java.math.BigDecimal`` with
-Spark's contexts; integers checked against their type; strings as UTF-8 bytes. Conditional
-parts (CASE branches, COALESCE's and IF's later arguments, the right side of AND/OR) are
-evaluated on the rows that reach them only, as Spark evaluates them.
+and quotients rounded once from their exact values, as Spark's 39 truncated digits round them
+(:data:`_SPARK_PRODUCT_DIGITS`, :data:`_SPARK_QUOTIENT_SCALE`); integers checked against
+their type; strings as UTF-8 bytes. Conditional parts (CASE branches, COALESCE's and IF's
+later arguments, the right side of AND/OR) are evaluated on the rows that reach them only, as
+Spark evaluates them.
 
 A value that fails on a row as Spark's ANSI mode fails it (an overflow, a division by zero)
 raises :class:`~ivm.errors.EvaluationError` naming the expression and the output column
@@ -269,12 +270,23 @@ _EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_UP)
 """Python decimals in as many digits as the driver's values need (Spark's are at most 38
 digits on either side of the point)."""
 
-_SPARK_PRODUCT_DIGITS = 38
-"""Spark multiplies decimals in ``java.math.MathContext(38, HALF_UP)``: a product of more
-significant digits is rounded to 38 before it is rounded to the result's scale."""
+_SPARK_PRODUCT_DIGITS = 39
+"""Spark multiplies decimals in ``java.math.MathContext(39, DOWN)`` (SPARK-45786): a product
+of more significant digits is truncated to 39 of them, then rounded half up to the result's
+scale ``s``. A product that fits its type has at most ``38 - s`` integer digits, so its 39
+digits reach past place ``s`` and the truncation never changes that rounding: the result is
+the exact product rounded once, half up (a product that loses a digit before place ``s + 1``
+overflows either way). Rounding half up to 38 digits first (``MathContext(38, HALF_UP)``,
+Spark before SPARK-45786) differs: it rounds a product whose digits past place ``s`` read
+``4999…9`` to the 38th digit and 5 or more after it up, where Spark rounds it down."""
 
-_SPARK_QUOTIENT_SCALE = 38
-"""Spark divides decimals to 38 places, half up, before rounding to the result's scale."""
+_SPARK_QUOTIENT_SCALE = 39
+"""Spark divides decimals to 39 places, truncated (``BigDecimal.divide(_, 39, DOWN)``,
+SPARK-45786), then rounds half up to the result's scale, at most 38: the 39th place decides
+that rounding as the exact quotient would, so the result is the exact quotient rounded once,
+half up. Rounding half up to 38 places first (Spark before SPARK-45786) differs: it rounds a
+quotient whose places past the result's scale read ``4999…9`` to the 38th and 5 or more after
+it up, where Spark rounds it down."""
 
 _SPARK_NEGATION_DIGITS = 34
 """Spark negates a decimal of more than 18 digits as a Scala ``BigDecimal`` (its
@@ -409,14 +421,21 @@ def _to_scale(units: int, scale: int, target: int) -> int:
     return units * 10 ** (target - scale)
 
 
+def _truncated(n: int, d: int) -> int:
+    """``n / d`` (``d > 0``) rounded toward zero (``RoundingMode.DOWN``)."""
+    q = abs(n) // d
+    return q if n >= 0 else -q
+
+
 def _spark_product(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx · y·10^-sy`` as Spark's ``Decimal *``: the exact product rounded half up to
-    38 significant digits, then to ``t``'s scale; as an integer of that scale."""
+    """``x·10^-sx · y·10^-sy`` as Spark's ``Decimal *``: the exact product truncated to 39
+    significant digits, then rounded half up to ``t``'s scale (:data:`_SPARK_PRODUCT_DIGITS`);
+    as an integer of that scale."""
     units, scale = x * y, sx + sy
     excess = len(str(abs(units))) - _SPARK_PRODUCT_DIGITS
     if excess > 0:
-        units, scale = _half_up(units, 10**excess), scale - excess
-        if scale < 0:  # more than 38 integer digits: past any decimal type
+        units, scale = _truncated(units, 10**excess), scale - excess
+        if scale < 0:  # more than 39 integer digits: past any decimal type
             value = Decimal(units).scaleb(-scale, context=_EXACT)
             raise EvaluationError("overflow", detail=f"{value} does not fit {t.simpleString()}")
     return _to_scale(units, scale, t.scale)
@@ -448,14 +467,15 @@ _BY_ROW = {"add": _spark_sum, "subtract": _spark_difference, "multiply": _spark_
 
 
 def _spark_quotient(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx / y·10^-sy`` as Spark's ``Decimal /``: the exact quotient rounded half up
-    to 38 places, then to ``t``'s scale; as an integer of that scale. A zero ``y`` raises
-    EvaluationError, as Spark's ANSI mode does (a NULL dividend never gets here)."""
+    """``x·10^-sx / y·10^-sy`` as Spark's ``Decimal /``: the exact quotient truncated to 39
+    places, then rounded half up to ``t``'s scale (:data:`_SPARK_QUOTIENT_SCALE`); as an
+    integer of that scale. A zero ``y`` raises EvaluationError, as Spark's ANSI mode does (a
+    NULL dividend never gets here)."""
     if y == 0:
         raise EvaluationError("division by zero", detail=f"{Decimal(x).scaleb(-sx)} / 0")
     shift = _SPARK_QUOTIENT_SCALE + sy - sx
     num, den = (x * 10**shift, y) if shift >= 0 else (x, y * 10**-shift)
-    units = _half_up(num if den > 0 else -num, abs(den))
+    units = _truncated(num if den > 0 else -num, abs(den))
     return _to_scale(units, _SPARK_QUOTIENT_SCALE, t.scale)
 
 
@@ -671,19 +691,14 @@ class Evaluator:
         self, op: str, a: Value, b: Value, lt: T.DataType, rt: T.DataType, t: T.DecimalType
     ) -> Value:
         """``a op b`` (add, subtract, multiply) of decimals (or integers as decimals) exactly
-        as Spark: an exact sum, or a product in 38 significant digits, rounded half up to
-        ``t``'s scale, EvaluationError (overflow) past its precision."""
+        as Spark: the exact sum or product rounded half up to ``t``'s scale (as Spark's
+        39-digit product rounds it: :data:`_SPARK_PRODUCT_DIGITS`), EvaluationError
+        (overflow) past its precision."""
         (p1, s1), (p2, s2) = decimal_shape(lt), decimal_shape(rt)
         digits = p1 + p2 + 1 if op == "multiply" else max(p1 - s1, p2 - s2) + max(s1, s2) + 1
         if digits >= _ARROW_DIGITS:  # past Arrow's decimals (and their rounding): in Python
             return self._pairwise(_BY_ROW[op], a, b, lt, rt, t)
-        exact = getattr(pc, op)(_decimal(a, lt), _decimal(b, rt))
-        if op == "multiply":  # a product of more than 38 digits is rounded twice
-            largest = pc.max(pc.abs(exact)) if not isinstance(exact, pa.Scalar) else exact
-            bound = Decimal(10) ** (_SPARK_PRODUCT_DIGITS - s1 - s2)
-            if largest.is_valid and abs(largest.as_py()) >= bound:
-                return self._pairwise(_spark_product, a, b, lt, rt, t)
-        return _fit_decimal(exact, t)
+        return _fit_decimal(getattr(pc, op)(_decimal(a, lt), _decimal(b, rt)), t)
 
     def _pairwise(
         self,
@@ -695,7 +710,8 @@ class Evaluator:
         t: T.DecimalType,
     ) -> pa.Array:
         """``combine`` of each row's two numbers (as integers of their scales) into ``t``,
-        in Python: Spark's rounding where Arrow's differs (a quotient, a wide product)."""
+        in Python: Spark's rounding where Arrow's differs (a quotient), or a sum or product
+        Arrow's 76 digits may not hold."""
         n = self.table.num_rows
         xs = _unscaled(_broadcast(a, n), lt)
         ys = _unscaled(_broadcast(b, n), rt)

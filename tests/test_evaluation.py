@@ -1,6 +1,7 @@
 """A view's SQL evaluated on a small change by the driver and on a large one by Spark, end to
-end: a decimal cast that carries refreshes (it aborted the refresh with a pyarrow error); a
-row Spark's ANSI mode fails on fails the view's refresh with an EvaluationError naming the view,
+end: a decimal cast that carries refreshes (it aborted the refresh with a pyarrow error);
+decimal products and quotients are rounded once, as Spark's 39 digits round them; a row
+Spark's ANSI mode fails on fails the view's refresh with an EvaluationError naming the view,
 the column and the expression, on either path, committing nothing and leaving the other views
 be; a failure the driver finds where Spark's plan does not evaluate the row is Spark's to
 decide; and every decline of the driver is recorded on the view's result, its metadata and the
@@ -69,6 +70,85 @@ def test_a_decimal_cast_that_carries_refreshes(spark, make_project, tmp_path):
         (2, Decimal("10.0")),
         (3, Decimal("-10.0")),
     ]
+    assert engine.verify("v").ok
+
+
+ROUNDED_ONCE = [
+    # (operator, the operands' types (precision, scale), the operands, Spark's value): past the
+    # result's scale the exact value reads 4999...9 to the 38th place (or digit) and 5 or more
+    # after it, so that rounding it half up to 38 places (or digits) first carries into the
+    # result's last place; Spark's 39 truncated ones do not.
+    (
+        "/",  # DECIMAL(38, 6); exactly 0.4018364999...999249...
+        ((38, 18), (38, 18)),
+        ("31396509370431242156.852744949446412181", "78132547367974890675.318804910570374222"),
+        "0.401836",
+    ),
+    (
+        "/",  # DECIMAL(38, 6)
+        ((38, 36), (38, 36)),
+        ("61.378201900839937473306195232571591071", "65.181925770118062042847587632669856906"),
+        "0.941644",
+    ),
+    (
+        "/",  # DECIMAL(38, 37)
+        ((10, 9), (38, 0)),
+        ("-1.759411562", "-236427626051655500201692013884913"),
+        "7.4416E-33",
+    ),
+    (
+        "*",  # DECIMAL(38, 6)
+        ((38, 18), (38, 18)),
+        ("61379972300.528378194889497536", "7709388507161651283.538740223102594115"),
+        "473202053023593980188983232323.374035",
+    ),
+    (
+        "*",  # DECIMAL(38, 6)
+        ((38, 10), (38, 10)),
+        ("2116547242014531652095711002.5585113776", "-3583.9825592954"),
+        "-7585668401304861520955576681903.182184",
+    ),
+    (
+        "*",  # DECIMAL(38, 33)
+        ((38, 36), (38, 36)),
+        ("-96.937786151439040986073327356903975008", "-97.164032601351287458921425897105384897"),
+        "9418.866213921242330005611576600718177",
+    ),
+]
+
+
+def operand_rows(*rows: tuple[int, int | None]) -> pa.Table:
+    """``(k, i)`` rows holding :data:`ROUNDED_ONCE`'s ``i``-th operands in columns ``x{i}`` and
+    ``y{i}`` and NULL in the others' (every operand 1 where ``i`` is None)."""
+    columns = {"k": pa.array([k for k, _ in rows], pa.int32())}
+    for i, (_, shapes, operands, _) in enumerate(ROUNDED_ONCE):
+        for name, (precision, scale), operand in zip("xy", shapes, operands, strict=True):
+            given = {i: Decimal(operand), None: Decimal(1)}
+            values = [given.get(j) for _, j in rows]
+            columns[f"{name}{i}"] = pa.array(values, pa.decimal128(precision, scale))
+    return pa.table(columns)
+
+
+def test_decimal_products_and_quotients_are_rounded_once(spark, make_project, tmp_path):
+    """Spark 4 truncates a decimal product to 39 digits and a quotient to 39 places before it
+    rounds them half up to the result's scale: on a small change the driver gives Spark's
+    values where the exact one lies just below half of the result's last place (rounded to 38
+    first, they came out one unit too large)."""
+    results = [f"x{i} {op} y{i} AS r{i}" for i, (op, _, _, _) in enumerate(ROUNDED_ONCE)]
+    source = delta_source(str(tmp_path / "t"), operand_rows((0, None)))
+    views = {"v": f"CREATE VIEW v AS SELECT k, {', '.join(results)} FROM t"}
+    engine = Engine(make_project(views, {"t": source}), spark=spark)
+    assert engine.refresh().ok
+    change = operand_rows(*((i + 1, i) for i in range(len(ROUNDED_ONCE))))
+    write_deltalake(source, change, mode="append")
+    report = engine.refresh()
+    assert report.ok, report.views
+    (result,) = report.views
+    assert (result.computed_by, result.driver_declined) == ("driver", [])
+    mine = table_of(engine, "v")[1:]
+    theirs = spark.createDataFrame(change).selectExpr("k", *results).toArrow()
+    assert mine == sorted(tuple(r.values()) for r in theirs.to_pylist())
+    assert [row[i + 1] for i, row in enumerate(mine)] == [Decimal(v) for *_, v in ROUNDED_ONCE]
     assert engine.verify("v").ok
 
 

@@ -788,7 +788,7 @@ def test_avg_of_a_decimal_is_sparks_on_both_renderers(spark):
     """AVG (and SUM) of decimals from an accumulable branch's summed state, by Spark's renderer
     (a decimal division of the sum by the count, or ``ops.accumulable.decimal_averages`` in Spark's
     Python workers) and by the driver's, equal Spark's own aggregates over the same rows: the
-    quotient to 39 places, then to the result's scale, half up both times."""
+    quotient truncated to 39 places, then rounded half up to the result's scale."""
     import random
     from decimal import Decimal
 
