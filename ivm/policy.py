@@ -96,6 +96,12 @@ class Policy:
     """Most bytes of Arrow memory an insert-only change may take on the driver."""
     per_row_prune_files: int = 8
     """When the deleted rows' range still overlaps this many files, find the files row by row."""
+    prune_columns: int = 8
+    """How many leading columns a deletion uses to find the table's files that may hold it,
+    by their min/max statistics."""
+    broadcast_deletes: int = 1_000_000
+    """Up to this many deleted rows, Spark's rewrite ships them to every task (no shuffle of
+    the table's rows); beyond, it joins by sorting both sides."""
 
     # -- rows the driver holds ---------------------------------------------------------------
     prefilter_rows: int = 10_000
@@ -201,6 +207,7 @@ _POSITIVE = (
     "push_ratio",
     "ordered_max_files",
     "table_file_rows",
+    "prune_columns",
 )
 """Sizes that are divisors or batch sizes: 0 would not turn a path off, it would break it."""
 

@@ -95,8 +95,6 @@ __all__ = [
     "without_rows",
 ]
 
-PRUNE_COLUMNS = 8
-"""How many leading columns the delete path uses to find files by min/max statistics."""
 
 
 @dataclass
@@ -351,7 +349,7 @@ class _Change:
     @property
     def prunable(self) -> list[str]:
         """The leading columns whose min/max statistics find the files a deletion may hit."""
-        leading = self.columns[:PRUNE_COLUMNS]
+        leading = self.columns[: ivm.policy.current().prune_columns]
         return [c for c in leading if isinstance(self.types[c], _BOUNDED_TYPES)]
 
 
@@ -563,7 +561,7 @@ def _candidate_files(
     against each file's min/max statistics (on the driver); when ``per_row_prune_files`` or
     more remain, by each deleted row against them (``local``, the deleted rows on the driver:
     there; otherwise a broadcast join by Spark)."""
-    prune = list(change.columns[:PRUNE_COLUMNS])
+    prune = list(change.columns[: ivm.policy.current().prune_columns])
     files = [f for f in table_file_stats(table.uri, prune) if _may_hold(f, bounds)]
     with_stats = [c for c in prune if any(c in f.mins for f in files)]
     if len(files) < policy.per_row_prune_files or not with_stats:
@@ -697,9 +695,6 @@ def _with_kept(table: _Table, change: _Change, staged: StagedFiles, kept: pa.Tab
     )
 
 
-BROADCAST_DELETES = 1_000_000
-"""Up to this many deleted rows, a rewrite ships them to every task (no shuffle of the
-table's rows); beyond, Spark joins by sorting both sides."""
 
 
 def _named(
@@ -789,7 +784,7 @@ def _rows_after(
     if sized.deletes is not None:
         return _rows_after_local(spark, existing, inserts, sized.deletes, change.types, columns)
     keyed, matches = _named(change.net.where(F.col(DIFF) < 0), columns)
-    if sized.deleted <= BROADCAST_DELETES:
+    if sized.deleted <= ivm.policy.current().broadcast_deletes:
         keyed = F.broadcast(keyed)
     untouched = existing.join(keyed, matches, "left_anti")
     held = (
