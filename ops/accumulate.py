@@ -13,7 +13,7 @@ path (:func:`ops.reduce._results`). :func:`distinct_on_driver` does the same for
 count crossed zero, with no join, checkpoint or write job on Spark.
 
 Both hand back to Spark (None, nothing written, the reason recorded by :mod:`ops.declines`
-where the change was small) for a change that is not small (the engine's ``small_change``),
+where the change was small) for a change that is not small (``Placement.small``, :mod:`ivm.policy`),
 types the driver does not write exactly (floating point: Spark's own summation order and NaN
 rules), a global aggregate, more rows than the policy's ``driver_state_rows``, or state too
 large to read.

@@ -109,7 +109,7 @@ class StateStore:
         snapshot: a stateless plan node's whole collection at ``new``, evaluated from scratch
             as updates ``(columns..., _time, _diff)`` (a buffered TopK's refill).
         small: the inputs' change is small enough for the driver to hold (the engine's
-            ``small_change``).
+            ``Placement.small``: at most ``policy.driver_change_rows`` input updates).
         read_rows: ``(table, key columns, keys, as_of)`` :attr:`read` done by the driver
             (``keys`` and the rows as Arrow, nothing summed), or None when the files it would
             open hold too many rows for the driver (:func:`ops.arrange.lookup_rows`).
