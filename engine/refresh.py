@@ -48,7 +48,7 @@ from ops.ingest import (
 from ops.sink import TableChange, append_updates, apply_to_table
 from ops.stateless import evaluation_error, spark_sql
 from resources.faults import crash_point
-from resources.lake import commit_files
+from resources.lake import CommitResult, commit_files
 
 REFRESH_SECONDS = "ivm.refresh_seconds"
 """Commit metadata of a readable table: the seconds its refresh took until that commit began
@@ -197,13 +197,7 @@ class ViewRefresh:
             at.log_start = at.target
         metadata = {**at.metadata, LOG_START: str(at.log_start)}
         if updates is None:
-            commit = commit_files(
-                log_uri,
-                app_id=cat.app_id(log_uri),
-                epoch=at.target,
-                schema=cat.table_schema(log_uri),
-                metadata=metadata,
-            )
+            commit = self._epoch_only(log_uri, at.target, metadata)
         else:
             commit = append_updates(
                 updates,
@@ -269,6 +263,14 @@ class ViewRefresh:
         result.status = "built" if done == 0 else "refreshed"
         return updates, False, placement.small
 
+    def _epoch_only(self, uri: str, epoch: int, metadata: dict[str, str]) -> CommitResult:
+        """A commit of no file that moves a table to ``epoch`` (once: its txn)."""
+        cat = self.catalog
+        schema = cat.table_schema(uri)
+        return commit_files(
+            uri, app_id=cat.app_id(uri), epoch=epoch, schema=schema, metadata=metadata
+        )
+
     # -- the table step ----------------------------------------------------------------------
 
     def _table_step(self, at: _Epochs, result: ViewResult, logged: pa.Table | None) -> None:
@@ -285,13 +287,7 @@ class ViewRefresh:
             and not log_files_between(log_uri, at.table_done, at.target)
         ):
             # The log holds no update after the table's epoch: the table only moves its epoch.
-            commit = commit_files(
-                table_uri,
-                app_id=cat.app_id(table_uri),
-                epoch=at.target,
-                schema=cat.table_schema(table_uri),
-                metadata=table_meta,
-            )
+            commit = self._epoch_only(table_uri, at.target, table_meta)
             change = TableChange(commit, inserted=0, deleted=0, files_rewritten=0, rows_rewritten=0)
         else:
             change = self._apply(at, result, table_meta, stale, logged)
