@@ -37,12 +37,13 @@ from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.declines import declined
 from ops.ingest import consolidated_on, view_state
-from ops.join import render_join_delta
-from ops.local import join_delta_local, normalized_floats, render_local, types_recorded
-from ops.local_reduce import stateful_local
-from ops.reduce import render_stateful
+from ops.join.driver import join_delta_local
+from ops.join.spark import render_join_delta
+from ops.reduce.driver import stateful_local
+from ops.reduce.spark import render_stateful
 from ops.sink import arrow_schema, same_columns
-from ops.stateless import render
+from ops.stateless.driver import normalized_floats, render_local, types_recorded
+from ops.stateless.spark import render
 from resources.faults import crash_point
 
 
@@ -169,8 +170,8 @@ class Compute:
         unchanged: frozenset[str] = frozenset(),
     ) -> pa.Table | None:
         """The view's updates in ``(done, target]`` rendered by the driver in Arrow
-        (:mod:`ops.local`, :mod:`ops.local_reduce`), consolidated per (data, time) and laid
-        out as its log's rows; None when Spark computes them: an input's change or a lookup's
+        (:mod:`ops.stateless.driver`, :mod:`ops.reduce.driver`), consolidated per (data, time) and
+        laid out as its log's rows; None when Spark computes them: an input's change or a lookup's
         rows are not held by the driver, an expression or aggregate is not one the driver
         evaluates exactly as Spark (each reason recorded, :meth:`declined`), or its SQL fails
         on a row (Spark's plan decides whether it evaluates that row: :meth:`driver_failed`).
@@ -227,7 +228,7 @@ class Compute:
         self, done: int, target: int, stats: dict, unchanged: frozenset[str]
     ) -> Callable[[Any, Mapping[str, pa.Table]], pa.Table]:
         """How the driver renders an inner join's updates in ``(done, target]`` from its
-        inputs' Arrow updates (:func:`ops.local.join_delta_local`), its lookups read by the
+        inputs' Arrow updates (:func:`ops.join.driver.join_delta_local`), its lookups read by the
         driver; raises NotOnDriver when it cannot."""
 
         def lookup(stage, keys: pa.Table, as_of: int, columns) -> pa.Table:
@@ -255,7 +256,7 @@ class Compute:
         by_spark: Callable,
         by_driver: list[str] | None = None,
     ) -> Callable:
-        """A join renderer for Spark's plan (:func:`ops.stateless.render`) of a small change:
+        """A join renderer for Spark's plan (:func:`ops.stateless.spark.render`) of a small change:
         an inner join's updates computed by the driver (:meth:`_driver_join`) and handed to
         Spark as a local relation, for the reduction above it (each one marked in
         ``by_driver``); ``by_spark`` renders the joins the driver cannot."""

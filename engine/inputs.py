@@ -34,7 +34,7 @@ from ops.ingest import (
     view_changes_arrow,
     view_state,
 )
-from ops.local import Evaluator
+from ops.stateless.driver import Evaluator
 from resources.lake import spark_compatible
 
 

@@ -46,7 +46,7 @@ from ops.ingest import (
     view_changes_by_driver,
 )
 from ops.sink import TableChange, append_updates, apply_to_table
-from ops.stateless import evaluation_error, spark_sql
+from ops.stateless.spark import evaluation_error, spark_sql
 from resources.faults import crash_point
 from resources.lake import CommitResult, commit_files
 

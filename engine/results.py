@@ -38,8 +38,8 @@ class ViewResult:
     spark_jobs: int | None = 0
     spark_job_group: str | None = None  # their job group in the Spark UI (None: no Spark)
     # Who computed its updates: "spark"; "driver" (a small change evaluated in Arrow,
-    # ops.local); "mixed": the driver computed the joins, Spark the reductions above them;
-    # "nothing": no input changed what it reads
+    # ops.stateless.driver); "mixed": the driver computed the joins, Spark the reductions above
+    # them; "nothing": no input changed what it reads
     computed_by: str = "spark"
     # Where the policy placed its computation before it ran, and why (ivm.policy.Placement)
     placement: str | None = None

@@ -1,5 +1,5 @@
 """A view's state tables (``state/<view>/<table>``) as its reduce operators see them for one
-refresh: the :class:`ops.reduce.StateStore` the engine implements.
+refresh: the :class:`ops.reduce.spark.StateStore` the engine implements.
 
 Contract in ``(data, time, diff)`` terms: each state table is an update log keyed by its sort
 key; a refresh from epoch ``old`` to ``new`` reads it at ``old`` (the sum of updates with time
@@ -24,9 +24,9 @@ from ivm.plan.ir import Node, collections
 from ivm.plan.planner import ViewPlan
 from ivm.plan.reduce import StateTable
 from ops.arrange import LookupStats, lookup, lookup_rows, write_held_updates, write_updates
-from ops.reduce import StateStore
+from ops.reduce.spark import StateStore
 from ops.sink import arrow_schema, collect_flat
-from ops.stateless import render
+from ops.stateless.spark import render
 from resources.faults import crash_point
 from resources.lake import CommitResult, open_table, spark_compatible_schema
 

@@ -753,7 +753,7 @@ def lookup_arrow(
     columns: Collection[str] | None = None,
     stats: LookupStats | None = None,
 ) -> pa.Table | None:
-    """:func:`lookup` answered by the driver, for a join computed there (:mod:`ops.local`):
+    """:func:`lookup` answered by the driver, for a join computed there (:mod:`ops.join.driver`):
     the arrangement's state at ``as_of`` for the keys in ``keys`` (NULL keys match nothing),
     only the key and ``columns``, summed: ``(data..., _diff)``, no zero sums. The files are
     chosen by their ``_time`` and first key column's ranges and probed as the read-once

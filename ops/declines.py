@@ -1,7 +1,7 @@
 """Why the driver declined: the reasons a part of a refresh that the driver computes for small
-changes (:mod:`ops.local`, :mod:`ops.local_reduce`, the state it takes on within Spark's path
-in :mod:`ops.accumulate`, :mod:`ops.climb` and :mod:`ops.buffer`, the driver's reads and
-writes in :mod:`ops.ingest` and :mod:`ops.arrange`) was handed to Spark instead.
+changes (:mod:`ops.stateless.driver`, :mod:`ops.reduce.driver`, the state it takes on within Spark's
+path in :mod:`ops.reduce.accumulate`, :mod:`ops.reduce.climb` and :mod:`ops.reduce.buffer`, the
+driver's reads and writes in :mod:`ops.ingest` and :mod:`ops.arrange`) was handed to Spark instead.
 
 Each decision to decline is taken from the schemas, types and sizes before the driver writes
 anything, and says why (:func:`declined`); the engine records the reasons of each view's

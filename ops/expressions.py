@@ -1,9 +1,9 @@
 """IR expressions as Spark SQL text: the one translation every renderer of a plan shares.
 
 Owns :func:`spark_sql`, the text a plan's expression (a sqlglot node of :mod:`ivm.plan.ir`)
-is handed to Spark as: by Spark's renderers (:mod:`ops.stateless` for Get/Filter/Project/
-UnionAll, :mod:`ops.join` for joins' filters, maps and residual predicates) and by the
-driver's (:mod:`ops.local`, which asks Spark the type of that same text). It imports no
+is handed to Spark as: by Spark's renderers (:mod:`ops.stateless.spark` for Get/Filter/Project/
+UnionAll, :mod:`ops.join.spark` for joins' filters, maps and residual predicates) and by the
+driver's (:mod:`ops.stateless.driver`, which asks Spark the type of that same text). It imports no
 renderer, so each renderer may import it without a cycle.
 
 Contract in ``(data, time, diff)`` terms: none of its own. It turns an expression over

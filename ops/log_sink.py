@@ -187,7 +187,7 @@ def append_updates(
     The caller has checked that the log does not hold ``epoch`` yet (so it did not compute
     the updates in vain); :func:`~resources.lake.commit_files` checks again under the lock.
     """
-    if isinstance(updates, pa.Table):  # computed by the driver (ops.local)
+    if isinstance(updates, pa.Table):  # computed by the driver (ops.stateless.driver)
         staged_uri = staging_uri(log_uri, epoch, "updates")
         staged = _stage_rows(log_uri, staged_uri, updates, parquet_options or {})
         schema = updates.schema

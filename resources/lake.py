@@ -8,7 +8,8 @@ DuckDB, Polars and Trino.
 Layout under the lake root (documented in the README):
 
 - ``_ivm/epochs``: the epoch record, one row per (epoch, source) with its version range.
-- ``_ivm/expression_types.json``: Spark's types of the driver's expressions (``ops.local``).
+- ``_ivm/expression_types.json``: Spark's types of the driver's expressions
+  (``ops.stateless.driver``).
 - ``views/<view>``: the readable table, exactly the view's current rows (a multiset).
 - ``logs/<view>``: the view's diff log, its updates ``(columns..., _time, _diff)``.
 

@@ -207,7 +207,7 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     }
     conf.update(overrides or {})
     if conf["spark.master"].startswith("local") and "spark.pyspark.python" not in conf:
-        # Python workers (exact floating-point results, ops.floatsum) run this interpreter,
+        # Python workers (exact floating-point results, ops.reduce.floatsum) run this interpreter,
         # which has PySpark, rather than whatever `python3` the PATH finds.
         conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON") or sys.executable
     if remote_url(overrides) is not None:

@@ -2,8 +2,8 @@
 
 The guarantee (README, "Floating point"): each is the exact value over the rows present,
 rounded once to a double (SUM equals ``math.fsum``), and NaN and infinities combine as Spark
-combines them. The kernel (:mod:`ops.floatsum`) is checked against rational arithmetic without
-Spark; the views are checked after every epoch, bit for bit, against the same exact values
+combines them. The kernel (:mod:`ops.reduce.floatsum`) is checked against rational arithmetic
+without Spark; the views are checked after every epoch, bit for bit, against the same exact values
 computed here from the source's rows, and the issue's cases against Spark's from-scratch
 answer too.
 """
@@ -21,7 +21,7 @@ from deltalake import DeltaTable, write_deltalake
 
 import ivm.policy
 from engine.facade import Engine
-from ops import floatsum
+from ops.reduce import floatsum
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("g", pa.string()), ("v", pa.float64()), ("d", pa.decimal128(38, 18))]

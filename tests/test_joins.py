@@ -96,7 +96,7 @@ def check(engine: Engine) -> None:
 
 
 INNER = {"order_lines", "cust_order_lines", "same_customer", "line_pairs", "open_by_seg"}
-"""The views whose small changes the driver computes (inner joins: ops.local); the outer and
+"""The views whose small changes the driver computes (inner joins: ops.join.driver); the outer and
 semi-joins are Spark's."""
 
 

@@ -677,7 +677,7 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
         **VIEWS,
         "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
         "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, max(v) AS top, "
-        "median(v) AS mid FROM src GROUP BY grp",  # a median: Spark's (ops.local_reduce)
+        "median(v) AS mid FROM src GROUP BY grp",  # a median: Spark's (ops.reduce.driver)
     }
     root = make_project(views, {"src": src})
     base = Engine(root, spark=spark).project
@@ -706,7 +706,7 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
             if v.spark_jobs:
                 assert v.view in v.spark_job_group, v
                 assert len(sc.statusTracker().getJobIdsForGroup(v.spark_job_group)) == v.spark_jobs
-            else:  # only a refresh the driver computed (ops.local) runs no Spark job
+            else:  # only a refresh the driver computed (ops.stateless.driver) runs no Spark job
                 assert v.computed_by == "driver", v
             assert v.metadata()["spark_jobs"] == v.spark_jobs
         assert {v.view for v in report.views if v.computed_by == "spark"} >= {"sums"}

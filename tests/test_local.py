@@ -1,6 +1,6 @@
-"""The driver's evaluation of expressions (ops.local) against Spark's own: the same values and
-the same types for every expression it evaluates, the same kind of error where Spark's ANSI mode
-raises (EvaluationError on the driver), and NotOnDriver for what it leaves to Spark."""
+"""The driver's evaluation of expressions (ops.stateless.driver) against Spark's own: the same
+values and the same types for every expression it evaluates, the same kind of error where Spark's
+ANSI mode raises (EvaluationError on the driver), and NotOnDriver for what it leaves to Spark."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import sqlglot
 
 from ivm.errors import NotOnDriver
 from ivm.sql.parse import DIALECT
-from ops import local
 from ops.expressions import spark_sql
-from ops.local import Evaluator, render_local
+from ops.stateless import driver as stateless_driver
+from ops.stateless.driver import Evaluator, render_local
 
 pytestmark = pytest.mark.spark
 
@@ -147,23 +147,23 @@ def test_expression_types_are_kept_for_the_next_process(spark, rows, tmp_path, m
         return real(*args, **kwargs)
 
     def new_process() -> list[pa.Array]:
-        monkeypatch.setattr(local, "_TYPES", {})
-        monkeypatch.setattr(local, "_TYPES_LOADED", set())
-        monkeypatch.setattr(local, "_TYPES_SAVED", {})
+        monkeypatch.setattr(stateless_driver, "_TYPES", {})
+        monkeypatch.setattr(stateless_driver, "_TYPES_LOADED", set())
+        monkeypatch.setattr(stateless_driver, "_TYPES_SAVED", {})
         analyses.clear()
-        local.load_types(spark, root)
+        stateless_driver.load_types(spark, root)
         monkeypatch.setattr(spark, "createDataFrame", counted)
         try:
             evaluator = Evaluator(spark, rows, exprs)
             columns = [evaluator.column(e) for e in exprs]
         finally:
             monkeypatch.setattr(spark, "createDataFrame", real)
-        local.save_types(spark, root)
+        stateless_driver.save_types(spark, root)
         return columns
 
     first = new_process()
     assert len(analyses) == 1  # one analysis of every expression
-    record = tmp_path / local.TYPES_RECORD
+    record = tmp_path / stateless_driver.TYPES_RECORD
     assert record.exists()
     assert new_process() == first and not analyses  # read, not analysed
     written = json.loads(record.read_text())
@@ -206,7 +206,7 @@ def test_spark_xxhash64_is_sparks(spark):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from ops.local_reduce import spark_xxhash64
+    from ops.reduce.driver import spark_xxhash64
 
     rng = random.Random(5)
     columns = {
@@ -255,7 +255,7 @@ def test_accumulated_results_are_sparks(spark):
     from pyspark.sql import types as T
 
     from ivm.plan.ir import Aggregate
-    from ops.local_reduce import _Accumulable
+    from ops.reduce.driver import _Accumulable
 
     rng = random.Random(8)
     rows = [
@@ -312,7 +312,7 @@ def test_a_decimal_average_is_truncated_to_39_places_first(spark):
     from pyspark.sql import types as T
 
     from ivm.plan.ir import Aggregate
-    from ops.local_reduce import _Accumulable
+    from ops.reduce.driver import _Accumulable
 
     sums = {1: 5, 2: -5, 3: 16, 4: 6}
     rows = [
@@ -472,7 +472,7 @@ def test_edge_cases_evaluate_or_fail_as_spark(spark, edge, sql, expected):
     from pyspark.errors import PySparkException
 
     from ivm.errors import EvaluationError
-    from ops.stateless import evaluation_error
+    from ops.stateless.spark import evaluation_error
 
     e = sqlglot.parse_one(sql, read=DIALECT)
     frame = spark.createDataFrame(edge).selectExpr(f"{spark_sql(e)} AS v")

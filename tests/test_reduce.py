@@ -159,7 +159,7 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
         # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, and
-        # buffered TopKs: a small change is the driver's (ops.local_reduce), unless the
+        # buffered TopKs: a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
         # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
@@ -217,7 +217,7 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, polic
         lake.random_batch()
         report = engine.refresh()
         assert report.ok, [v.error for v in report.views]
-        # The driver computes the GROUP BY and the TopK over the join whole (ops.local_reduce).
+        # The driver computes the GROUP BY and the TopK over the join whole (ops.reduce.driver).
         computed = {v.view: v.computed_by for v in report.views if v.view != "top_orders"}
         assert computed == dict.fromkeys(computed, "driver" if driver else "spark"), computed
         check_all(engine)
@@ -247,7 +247,7 @@ def test_deleting_the_minimum_reexamines_few_entries(
 ):
     """One group of 20,000 values: deleting its minimum and maximum reads a few pages of
     each tower level, not the group (rows measured in Spark's Parquet scans). The driver's
-    climb (``ops.climb``, for a small change) reads whole files but runs no Spark job."""
+    climb (``ops.reduce.climb``, for a small change) reads whole files but runs no Spark job."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
@@ -389,7 +389,7 @@ def test_buffered_topk_refills_only_a_depleted_group(
     ones, a group left with fewer than k is refilled from the input (only then), and changes
     ranked below the buffer only count. A TopK over an aggregate keeps its tower.
 
-    The same steps with the small changes refreshed by the driver (``ops.buffer``: one Spark
+    The same steps with the small changes refreshed by the driver (``ops.reduce.buffer``: one Spark
     job, collecting the change, where Spark's path takes a dozen or more) and by Spark."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
@@ -617,7 +617,7 @@ def test_a_reduction_keeps_a_copy_of_its_input_only_when_it_is_costly_to_read_ag
     import pyarrow as pa
     from pyspark.sql import functions as F
 
-    from ops.reduce import scan_only
+    from ops.reduce.spark import scan_only
 
     path = str(tmp_path / "t")
     spark.range(10).withColumn("g", F.col("id") % 3).write.parquet(path)
@@ -643,8 +643,8 @@ def test_a_sum_weighs_values_by_diff_exactly(spark, column_type):
 
     from pyspark.sql import functions as F
 
-    from ops.accumulable import sum_type
-    from ops.reduce import _times_diff
+    from ops.reduce.accumulable import sum_type
+    from ops.reduce.spark import _times_diff
 
     values = ("1.1234567891", "-7.25", "0", None)
     diffs = (1, -1, 2, -3, 0, 1234567, -98765432109)
@@ -786,9 +786,9 @@ workers (the others), each once rounded twice before (a DECIMAL(38, 18)'s last 4
 
 def test_avg_of_a_decimal_is_sparks_on_both_renderers(spark):
     """AVG (and SUM) of decimals from an accumulable branch's summed state, by Spark's renderer
-    (a decimal division of the sum by the count, or ``ops.accumulable.decimal_averages`` in Spark's
-    Python workers) and by the driver's, equal Spark's own aggregates over the same rows: the
-    quotient truncated to 39 places, then rounded half up to the result's scale."""
+    (a decimal division of the sum by the count, or ``ops.reduce.accumulable.decimal_averages`` in
+    Spark's Python workers) and by the driver's, equal Spark's own aggregates over the same rows:
+    the quotient truncated to 39 places, then rounded half up to the result's scale."""
     import random
     from decimal import Decimal
 
@@ -797,8 +797,8 @@ def test_avg_of_a_decimal_is_sparks_on_both_renderers(spark):
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from ivm.plan.ir import Aggregate
-    from ops.local_reduce import _Accumulable
-    from ops.reduce import _accumulator, _group_sums, _results
+    from ops.reduce.driver import _Accumulable
+    from ops.reduce.spark import _accumulator, _group_sums, _results
 
     rng = random.Random(11)
     aggregates = [Aggregate("a", "avg", "x"), Aggregate("s", "sum", "x")]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine.facade import Engine
-from ops.reduce import plan_nodes
+from ops.reduce.spark import plan_nodes
 from resources.spark import (
     CONNECT_PLUGIN,
     JobGroup,
@@ -96,7 +96,7 @@ def test_job_group_names_are_valid_tags() -> None:
 def test_plan_nodes_agree_with_the_jvm(spark, tmp_path) -> None:
     from pyspark.sql import functions as F
 
-    from ops.reduce import scan_only
+    from ops.reduce.spark import scan_only
 
     spark.range(10).write.parquet(str(tmp_path / "t"))
     scan = spark.read.parquet(str(tmp_path / "t"))

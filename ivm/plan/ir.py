@@ -242,7 +242,7 @@ class SemiJoin:
     ``EXISTS``, ``NOT EXISTS`` and ``IN (subquery)`` lower to this. Not bilinear: an ``other``
     change flips the rows of ``input`` whose key's match count crosses zero, so it is
     maintained with per-key counts read from ``other``'s arrangement at the old and new times
-    (see :mod:`ops.join`). NULL keys match nothing, as SQL's equality says.
+    (see :mod:`ops.join.spark`). NULL keys match nothing, as SQL's equality says.
 
     Attributes:
         input: the rows kept or dropped; its outputs are the node's columns.

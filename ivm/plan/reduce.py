@@ -84,7 +84,7 @@ class StateTable:
     than continued. 2: sums of decimals keep every decimal place (format 1 rounded the
     contributions of ``decimal(p, s)`` with ``s`` > 6 to 6 places). 3: sums of floating
     point (and every VARIANCE/STDDEV) are kept exactly in a ``float_sums`` table beside it
-    (:mod:`ops.floatsum`), with NaN and infinity counts here; format 2 kept running doubles.
+    (:mod:`ops.reduce.floatsum`), with NaN and infinity counts here; format 2 kept running doubles.
 
     ``hash`` names the function that places a tower's rows in buckets: state bucketed by
     another function cannot be continued either, so it is part of the layout too.
@@ -102,8 +102,8 @@ SUMMED = frozenset({"sum", "avg", "stddev_samp", "stddev_pop", "var_samp", "var_
 
 
 BUCKET_HASH = "xxhash64(seed 42)"
-"""How tower rows are bucketed: Spark's ``xxhash64`` (``ops.reduce._bucket``), reproduced on
-the driver by ``ops.local_reduce.spark_xxhash64``. Recorded in each tower table's layout."""
+"""How tower rows are bucketed: Spark's ``xxhash64`` (``ops.reduce.spark._bucket``), reproduced on
+the driver by ``ops.reduce.driver.spark_xxhash64``. Recorded in each tower table's layout."""
 
 FLOAT_SUMS_KEY = ("_t", "_b")
 """Key columns of a ``float_sums`` table after the group keys: the argument and the exponent."""
@@ -154,7 +154,8 @@ class Branch:
 
     @property
     def float_table(self) -> StateTable | None:
-        """An accumulable branch's exact floating-point sums (:mod:`ops.floatsum`), if any."""
+        """An accumulable branch's exact floating-point sums (:mod:`ops.reduce.floatsum`), if
+        any."""
         return next((t for t in self.tables if t.name.endswith(".float_sums")), None)
 
     @property

@@ -1,14 +1,14 @@
 """The driver's epoch of a buffered TopK inside Spark's path, and its renderer: a small
 change merged into the touched groups' buffers in Python, the same step
-:func:`ops.reduce.render_topk` renders on Spark (:func:`ops.reduce._buffered`).
+:func:`ops.reduce.spark.render_topk` renders on Spark (:func:`ops.reduce.spark._buffered`).
 
 Owns the TopK buffer's arithmetic in Python: the order of rows (:func:`_ranking`, as
-:func:`ops.reduce._order_columns`), a group's first rows (:func:`_first`, as
-:func:`ops.reduce._first_k`), the buffer invariant, and the ranks of the view's rows
-(:func:`_numbered`, as :func:`ops.reduce._numbered_change`). :func:`refresh_on_driver` runs it
+:func:`ops.reduce.spark._order_columns`), a group's first rows (:func:`_first`, as
+:func:`ops.reduce.spark._first_k`), the buffer invariant, and the ranks of the view's rows
+(:func:`_numbered`, as :func:`ops.reduce.spark._numbered_change`). :func:`refresh_on_driver` runs it
 within Spark's path (one Spark job, collecting the change; the state read by
 :func:`ops.arrange.lookup_rows` and written as the driver writes a held change), and
-:func:`refresh_rows` for a change the driver already holds (:mod:`ops.local_reduce`).
+:func:`refresh_rows` for a change the driver already holds (:mod:`ops.reduce.driver`).
 
 Buffer invariant: a group's buffer is its first ``n`` rows for some ``n`` (all of them when
 the buffer holds the group's count). A change row ranked at or above the buffer's last row
@@ -73,7 +73,8 @@ def _ranking(
     order: Sequence[tuple[str, bool, bool]], columns: Sequence[str]
 ) -> Callable[[Row], tuple]:
     """A sort key of rows (tuples in ``columns``' order) in the TopK's order: the ORDER BY
-    columns, then the other columns ascending with NULLs first (``ops.reduce._order_columns``)."""
+    columns, then the other columns ascending with NULLs first
+    (``ops.reduce.spark._order_columns``)."""
     named = {c for c, _, _ in order}
     spec = [(columns.index(c), desc, nulls_first) for c, desc, nulls_first in order]
     spec += [(columns.index(c), False, True) for c in columns if c not in named]
@@ -101,7 +102,7 @@ def summed(rows: list[dict], columns: Sequence[str]) -> Counter:
 
 def _first(rows: Counter, rank: Callable[[Row], tuple], kept: int) -> Counter:
     """A group's first ``kept`` rows in order, counting multiplicities, the last one's cut to
-    fit (``ops.reduce._first_k``)."""
+    fit (``ops.reduce.spark._first_k``)."""
     out: Counter = Counter()
     before = 0
     for row in sorted(rows, key=rank):
@@ -127,7 +128,7 @@ def refresh_on_driver(
     (held by the driver if it collected them, so Spark does not compute them again).
 
     ``delta``: the input's updates ``(columns..., _diff)``; ``store``: the view's
-    :class:`ops.reduce.StateStore`, with ``read_rows`` and ``write_rows``.
+    :class:`ops.reduce.spark.StateStore`, with ``read_rows`` and ``write_rows``.
     """
     most = current().driver_state_rows
     if not store.small or most <= 0 or store.read_rows is None:
@@ -239,7 +240,7 @@ def _numbered(
 ) -> list[dict]:
     """The view's change from the touched groups' first rows at old (-1) and new (+1): rows
     ranked ``offset + 1 .. offset + limit``, numbered when the view asks
-    (``ops.reduce._numbered_change``)."""
+    (``ops.reduce.spark._numbered_change``)."""
     k = node.limit + node.offset
     index = [cols.index(c) for c in node.input.columns]
     out: Counter = Counter()

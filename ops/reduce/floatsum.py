@@ -10,7 +10,7 @@ DECIMAL(38, 0) that holds 2^72 rows' worth. Sums of several exponents add up in 
 any number of tasks, and retracting a value subtracts what it added, so after any sequence of
 inserts and deletes the state holds the exact sums of the values present: ``(data, time,
 diff)`` updates contribute ``diff`` times their terms, and the state at ``t`` is the sum of the
-contributions up to ``t`` (the accumulable branch's contract, :mod:`ops.reduce`).
+contributions up to ``t`` (the accumulable branch's contract, :mod:`ops.reduce.spark`).
 
 Results are rounded once, from the exact value: SUM is the exact sum rounded to the nearest
 double (Python's ``math.fsum`` gives the same value), AVG the exact quotient rounded once,

@@ -1,14 +1,14 @@
 """The driver's climb of a MIN/MAX tower inside Spark's path, and its renderer: a small
 change carried up the tower (see :mod:`ivm.plan.reduce`) in Python, the same step
-:func:`ops.reduce._climb` renders on Spark; and a build's levels above a small level 0.
+:func:`ops.reduce.spark._climb` renders on Spark; and a build's levels above a small level 0.
 
 Owns the tower's arithmetic in Python: a bucket's entry is the MIN/MAX of its children (NULLs
 skipped, as Spark's ``min``/``max``), a level's change is its touched buckets' new entries
 minus their old ones. :func:`climb_on_driver` runs it within Spark's path (one Spark job
 collects level 0's change, its buckets hashed by Spark; every level is computed from
 :func:`ops.arrange.lookup_rows` reads before any is written), :func:`climb_rows` for a level-0
-change the driver already holds (:mod:`ops.local_reduce`), and :func:`built_levels` a build's
-levels from level 0's whole contents (grouped by Arrow, no lookup; :func:`ops.reduce._climb`
+change the driver already holds (:mod:`ops.reduce.driver`), and :func:`built_levels` a build's
+levels from level 0's whole contents (grouped by Arrow, no lookup; :func:`ops.reduce.spark._climb`
 writes level 0 and decides).
 
 It hands back to Spark (False, nothing written, the reason recorded by :mod:`ops.declines`
@@ -16,7 +16,7 @@ where the change was small) for a column of floating-point type (Spark's NaN rul
 the driver does not write, more level-0 rows than the policy's ``driver_state_rows``, or
 buckets too large to read.
 
-Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce._climb`: given level 0's change
+Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce.spark._climb`: given level 0's change
 ``Δ`` at ``new`` (``(keys..., value, _diff)``) and levels holding the tower up to ``old``, each
 level ``l`` gets at ``new`` the change of its touched buckets' entries ``(keys..., _p, _b,
 values..., _diff)``: ``+1`` for each bucket's new MIN/MAX of its children, ``-1`` for its old
@@ -36,8 +36,8 @@ from pyspark.sql import DataFrame
 from ivm.plan.reduce import FANOUT_BITS, Branch
 from ivm.policy import current
 from ops import DIFF, TIME
-from ops.buffer import summed
 from ops.declines import declined
+from ops.reduce.buffer import summed
 from ops.sink import exact_types
 
 
@@ -58,7 +58,7 @@ def climb_on_driver(
 ) -> bool:
     """Carry level 0's change ``leaf`` (``(keys..., arg, _diff, _b, _p)``, buckets set)
     up a MIN/MAX tower on the driver and write every level; False (nothing written) when
-    Spark must (:func:`ops.reduce._climb`)."""
+    Spark must (:func:`ops.reduce.spark._climb`)."""
     most = current().driver_state_rows
     if not store.small or most <= 0 or store.read_rows is None:
         return False
@@ -156,7 +156,7 @@ def built_levels(
     level 0's whole contents ``(keys..., _p, _b, arg, _diff)``: per level, one row per
     bucket ``(keys..., _p, _b, values..., _diff, _time)`` holding its children's MIN/MAX
     (NULLs skipped, as Spark's ``min``/``max``), ``_diff`` 1, ``_time`` ``time``. The same
-    rows :func:`ops.reduce._climb` computes on Spark for a build."""
+    rows :func:`ops.reduce.spark._climb` computes on Spark for a build."""
     keys = list(keys)
     values = [f"_{f}" for f in funcs]
     below = level0.filter(pc.greater(level0.column(DIFF), 0))

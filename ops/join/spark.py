@@ -16,7 +16,7 @@ rows of keys whose count in the other input crossed zero; counts and rows come f
 same shared arrangements, at the old and new times.
 
 Filters, maps and residual predicates reach Spark as :func:`ops.expressions.spark_sql` text;
-:mod:`ops.stateless` dispatches joins here, and this module does not import it back.
+:mod:`ops.stateless.spark` dispatches joins here, and this module does not import it back.
 
 Contract in ``(data, time, diff)`` terms: ``render_join_delta(old, new)`` returns exactly
 ``J(new) - J(old)`` for the join ``J``, as updates at time ``new``, given the inputs' updates
@@ -38,7 +38,7 @@ from ivm.plan.join import ArrangementKey, LookupStage, plan_paths, shared_lookup
 from ivm.plan.reduce import GLOBAL_KEY, StateTable, state_tables
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
-from ops.reduce import StateStore, materialize
+from ops.reduce.spark import StateStore, materialize
 
 
 class Lookup(Protocol):

@@ -1,16 +1,16 @@
 """The driver's epoch of an accumulable branch, and of a DISTINCT's counts, inside Spark's
 path: when the inputs' change is small, the state a branch rendered on Spark
-(:func:`ops.reduce.render_reduce`) would read and write through several Spark jobs is read,
+(:func:`ops.reduce.spark.render_reduce`) would read and write through several Spark jobs is read,
 summed and written by the driver instead.
 
-Owns that hand-over, not the arithmetic (:mod:`ops.accumulable`): :func:`accumulate_on_driver` takes
-the change's per-group sums Spark computed (one job collects them), reads the touched groups'
-state rows (:func:`ops.arrange.lookup_rows`, from the driver's memory once it holds the
-table), sums them exactly, writes the change, and hands the groups' state at old and at new
-back to Spark as local relations, where the results are the same expressions as on Spark's
-path (:func:`ops.reduce._results`). :func:`distinct_on_driver` does the same for a DISTINCT's
-``(group, value)`` counts (:func:`ops.reduce._distinct_change`) and returns the values whose
-count crossed zero, with no join, checkpoint or write job on Spark.
+Owns that hand-over, not the arithmetic (:mod:`ops.reduce.accumulable`):
+:func:`accumulate_on_driver` takes the change's per-group sums Spark computed (one job collects
+them), reads the touched groups' state rows (:func:`ops.arrange.lookup_rows`, from the driver's
+memory once it holds the table), sums them exactly, writes the change, and hands the groups' state
+at old and at new back to Spark as local relations, where the results are the same expressions as on
+Spark's path (:func:`ops.reduce.spark._results`). :func:`distinct_on_driver` does the same for a
+DISTINCT's ``(group, value)`` counts (:func:`ops.reduce.spark._distinct_change`) and returns the
+values whose count crossed zero, with no join, checkpoint or write job on Spark.
 
 Both hand back to Spark (None, nothing written, the reason recorded by :mod:`ops.declines`
 where the change was small) for a change that is not small (``Placement.small``, :mod:`ivm.policy`),
@@ -19,7 +19,7 @@ rules), a global aggregate, more rows than the policy's ``driver_state_rows``, o
 large to read.
 
 Contract in ``(data, time, diff)`` terms: :func:`accumulate_on_driver` is
-:func:`ops.reduce._group_sums` written then :func:`ops.reduce._accumulated_values`: the
+:func:`ops.reduce.spark._group_sums` written then :func:`ops.reduce.spark._accumulated_values`: the
 state table gets at ``new`` one row per touched group whose sums are not all zero (``(keys...,
 state columns..., _time)``), and the branch's state at ``old`` and at ``new`` is returned for
 the touched groups that have rows. :func:`distinct_on_driver`: the counts table gets the
@@ -38,9 +38,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from ivm.plan.reduce import StateTable
 from ivm.policy import current
-from ops import DIFF, TIME, accumulable
-from ops.buffer import Row, summed
+from ops import DIFF, TIME
 from ops.declines import declined
+from ops.reduce import accumulable
+from ops.reduce.buffer import Row, summed
 from ops.sink import exact_types
 
 
@@ -63,7 +64,7 @@ def _local(spark: Any, rows: Sequence[Row], schema: pa.Schema) -> DataFrame:
 
 
 def accumulate_on_driver(
-    store: Any,  # ops.reduce.StateStore
+    store: Any,  # ops.reduce.spark.StateStore
     table: StateTable,
     sums: DataFrame,
     keys: Sequence[str],
@@ -106,7 +107,7 @@ def accumulate_on_driver(
 
 
 def distinct_on_driver(
-    store: Any,  # ops.reduce.StateStore
+    store: Any,  # ops.reduce.spark.StateStore
     table: StateTable,
     change: DataFrame,
     columns: Sequence[str],

@@ -1,12 +1,13 @@
 """The accumulable aggregates' arithmetic, written once for every renderer of an accumulable
-branch: Spark's (:mod:`ops.reduce`), the driver's epoch inside Spark's path
-(:mod:`ops.accumulate`) and the driver's renderer of a small change (:mod:`ops.local_reduce`).
+branch: Spark's (:mod:`ops.reduce.spark`), the driver's epoch inside Spark's path
+(:mod:`ops.reduce.accumulate`) and the driver's renderer of a small change
+(:mod:`ops.reduce.driver`).
 
 Owns:
 
 - the state a branch keeps per group (:func:`layout`): ``_rows``; per argument ``x`` its
   non-NULL count ``_nn_x``; then, by aggregate, NaN and infinity counts (``_nan_x``,
-  ``_pinf_x``, ``_ninf_x``) beside exact floating-point terms (:mod:`ops.floatsum`), a sum
+  ``_pinf_x``, ``_ninf_x``) beside exact floating-point terms (:mod:`ops.reduce.floatsum`), a sum
   ``_sum_x``, or a TRUE count ``_true_x``. Names and order are the state tables' columns,
   whichever renderer writes them;
 - the types: a sum's state (:func:`sum_type`: DECIMAL(38, s), integers as DECIMAL(38, 0)) and
@@ -52,7 +53,7 @@ from pyspark.sql import types as T
 from ivm.errors import NotOnDriver, UnsupportedSqlError
 from ivm.plan.ir import Aggregate
 from ivm.plan.reduce import SUMMED
-from ops import floatsum
+from ops.reduce import floatsum
 
 Group = tuple[Any, ...]
 """A group's key values, in the branch's key order (NULL is a value like any other)."""
@@ -90,7 +91,7 @@ INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 
 FLOAT_COUNTS = ("nan", "pinf", "ninf")
 """The counts kept beside an argument's exact floating-point sums (how Spark combines NaN and
-infinities: :func:`ops.floatsum.exact_result`)."""
+infinities: :func:`ops.reduce.floatsum.exact_result`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ class Layout:
         return frozenset(arg for arg, squared in self.float_terms if squared)
 
     def exact_float(self, a: Aggregate) -> bool:
-        """Whether ``a`` is computed from exact floating-point sums (:mod:`ops.floatsum`)."""
+        """Whether ``a`` is computed from exact floating-point sums (:mod:`ops.reduce.floatsum`)."""
         return a.arg is not None and floatsum.is_exact(a.func, self.types[a.arg])
 
     def float_counts(self, arg: str) -> tuple[str, str, str, str]:
@@ -303,7 +304,8 @@ def crossings(
 
 def _half_up(numerator: int, denominator: int) -> int:
     """``numerator / denominator`` (``denominator`` > 0) rounded half away from zero (as
-    :mod:`ops.local`'s: here too, since Spark's workers run this module without the rest)."""
+    :mod:`ops.stateless.driver`'s: here too, since Spark's workers run this module without the
+    rest)."""
     q, r = divmod(abs(numerator), denominator)
     q += 2 * r >= denominator
     return q if numerator >= 0 else -q
@@ -347,7 +349,7 @@ def fit(v: Decimal, t: T.DecimalType) -> Decimal:
 def values(layout: Layout, state: Sequence[Any], float_sums: Mapping | None = None) -> list[Any]:
     """The aggregates' results from a group's summed ``state`` (in ``layout``'s column
     order) and its exact floating-point sums ``{(argument, exponent): [v, qh, ql]}``: the
-    values Spark's expressions give (:func:`ops.reduce._results`)."""
+    values Spark's expressions give (:func:`ops.reduce.spark._results`)."""
     at = dict(zip(layout.names, state, strict=True))
     out = []
     for a in layout.aggregates:

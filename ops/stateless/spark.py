@@ -1,10 +1,10 @@
-"""Rendering of plan nodes on update DataFrames: the stateless ones here, joins in ops.join.
+"""Rendering of plan nodes on update DataFrames: the stateless ones here, joins in ops.join.spark.
 
 Owns Spark's rendering of Get/Filter/Project/UnionAll and the dispatch of the rest: a join to
-the renderer the caller gives (delta paths, :func:`ops.join.render_join_delta`), by default
-from scratch (:func:`ops.join.render_join_snapshot`); a Reduce, SetOp or TopK to the caller's
-stateful renderer (:mod:`ops.reduce`). The expressions' Spark SQL text comes from
-:mod:`ops.expressions`, which :mod:`ops.join` shares: this module imports the join renderer,
+the renderer the caller gives (delta paths, :func:`ops.join.spark.render_join_delta`), by default
+from scratch (:func:`ops.join.spark.render_join_snapshot`); a Reduce, SetOp or TopK to the caller's
+stateful renderer (:mod:`ops.reduce.spark`). The expressions' Spark SQL text comes from
+:mod:`ops.expressions`, which :mod:`ops.join.spark` shares: this module imports the join renderer,
 never the reverse.
 
 Contract in ``(data, time, diff)`` terms: each node is linear (see :mod:`ivm.plan.ir`), so it
@@ -31,7 +31,7 @@ from ivm.errors import EvaluationError, InvariantViolation
 from ivm.plan.ir import STATEFUL, Filter, Get, Join, Node, Project, SemiJoin, UnionAll
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
-from ops.join import render_join_snapshot
+from ops.join.spark import render_join_snapshot
 
 _EVALUATION_CONDITIONS = {
     "ARITHMETIC_OVERFLOW": "overflow",
@@ -92,7 +92,7 @@ def render(
         join: how to render a Join: by delta paths (incremental); default, from scratch
             (``inputs`` are then snapshots).
         stateful: how to render a Reduce, SetOp or TopK given its inputs' updates (they keep
-            state: see :mod:`ops.reduce`).
+            state: see :mod:`ops.reduce.spark`).
 
     Returns:
         DataFrame ``(node.columns..., _time, _diff)``.

@@ -5,7 +5,7 @@ to Spark) over Arrow tables of updates, with Spark SQL's semantics, and the rend
 ``Get``/``Filter``/``Project``/``UnionAll`` on such tables. Whether the engine uses it at all
 is :attr:`ivm.policy.Policy.driver`.
 
-Contract in ``(data, time, diff)`` terms, the same as :func:`ops.stateless.render`'s: each
+Contract in ``(data, time, diff)`` terms, the same as :func:`ops.stateless.spark.render`'s: each
 update ``(d, t, r)`` becomes ``(f(d), t, r)`` or is dropped, and given the same input updates
 the output equals Spark's row for row, types included. Every expression's type is Spark's own:
 the expressions are analysed by Spark over an empty frame of the input's schema (no job; once
@@ -25,7 +25,8 @@ What the driver cannot evaluate exactly raises :class:`~ivm.errors.NotOnDriver` 
 row is written, and the caller renders the plan on Spark: an expression it does not know,
 floating-point arithmetic, comparison or division, text read as a number, TRY_CAST of a
 value that fails, case mapping or slicing of non-ASCII text, outer and semi-joins and the
-stateful nodes :mod:`ops.local_reduce` leaves to Spark.
+stateful nodes :mod:`ops.reduce.driver` leaves to Spark. Inner joins are rendered by
+:mod:`ops.join.driver`, which the caller hands to :func:`render_local`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
@@ -54,15 +55,12 @@ from ivm.plan.ir import (
     Filter,
     Get,
     Join,
-    JoinInput,
     Node,
     Project,
     Reduce,
-    SemiJoin,
     TopK,
     UnionAll,
 )
-from ivm.plan.join import LookupStage, plan_paths, shared_lookups
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
 
@@ -367,7 +365,7 @@ def _convert(v: Value, source: T.DataType, target: T.DataType) -> Value:
     raise NotOnDriver(f"{source.simpleString()} -> {target.simpleString()} is Spark's")
 
 
-def _integral_result(op: str, a: Value, b: Value, t: T.DataType) -> Value:
+def integral_result(op: str, a: Value, b: Value, t: T.DataType) -> Value:
     """``a op b`` of integers as Spark computes it in type ``t``: exact (in a wider type),
     then EvaluationError (overflow) for a result past ``t``, as Spark's ANSI mode raises."""
     # int, smallint, tinyint: exact in 64 bits; bigint: in 20-digit decimals
@@ -684,7 +682,7 @@ class Evaluator:
         if isinstance(t, T.DecimalType):
             return self._decimal_arithmetic(op, a, b, lt, rt, t)
         if type(t) in _INTEGRAL_DIGITS:
-            return _integral_result(op, _convert(a, lt, t), _convert(b, rt, t), t)
+            return integral_result(op, _convert(a, lt, t), _convert(b, rt, t), t)
         raise NotOnDriver(f"{t.simpleString()} arithmetic is computed by Spark")
 
     def _decimal_arithmetic(
@@ -753,7 +751,7 @@ class Evaluator:
             return _fit_decimal(exact, t)
         if type(t) in _INTEGRAL_DIGITS:
             zero = pa.scalar(0, arrow_type(t))
-            return _integral_result("subtract", zero, _convert(v, source, t), t)
+            return integral_result("subtract", zero, _convert(v, source, t), t)
         raise NotOnDriver(f"{t.simpleString()} negation is computed by Spark")
 
     def _comparable(
@@ -912,9 +910,9 @@ def render_local(
     stateful: StatefulRenderer | None = None,
 ) -> pa.Table:
     """The updates of ``node`` given every collection's updates as Arrow
-    ``(columns..., _time, _diff)``: :func:`ops.stateless.render`'s result, computed by the
-    driver (``join``: how to render a join, :func:`join_delta_local`; ``stateful``: a GROUP
-    BY or a TopK given its input's updates, :mod:`ops.local_reduce`). Raises
+    ``(columns..., _time, _diff)``: :func:`ops.stateless.spark.render`'s result, computed by the
+    driver (``join``: how to render a join, :func:`ops.join.driver.join_delta_local`; ``stateful``:
+    a GROUP BY or a TopK given its input's updates, :mod:`ops.reduce.driver`). Raises
     :class:`~ivm.errors.NotOnDriver` for what Spark must compute."""
     if isinstance(node, Join) and join is not None:
         return join(node, inputs)
@@ -924,10 +922,10 @@ def render_local(
         return inputs[node.collection].select([*node.columns, TIME, DIFF])
     if isinstance(node, Filter):
         table = render_local(spark, node.input, inputs, join, stateful)
-        return _filtered(spark, table, node.predicate)
+        return filtered(spark, table, node.predicate)
     if isinstance(node, Project):
         table = render_local(spark, node.input, inputs, join, stateful)
-        return _projected(spark, table, node.outputs)
+        return projected(spark, table, node.outputs)
     if isinstance(node, UnionAll):
         names = [*node.columns, TIME, DIFF]
         parts = [
@@ -942,7 +940,8 @@ def render_local(
     raise NotOnDriver(f"{type(node).__name__} is computed by Spark")
 
 
-def _filtered(spark, table: pa.Table, predicate: exp.Expression | None) -> pa.Table:
+def filtered(spark, table: pa.Table, predicate: exp.Expression | None) -> pa.Table:
+    """The updates whose data satisfy ``predicate`` (all of them for None), time and diff kept."""
     if predicate is None:
         return table
     try:
@@ -951,7 +950,7 @@ def _filtered(spark, table: pa.Table, predicate: exp.Expression | None) -> pa.Ta
         raise failure.located(column="WHERE") from failure
 
 
-def _projected(spark, table: pa.Table, outputs: Sequence[tuple[str, exp.Expression]]) -> pa.Table:
+def projected(spark, table: pa.Table, outputs: Sequence[tuple[str, exp.Expression]]) -> pa.Table:
     """``(outputs..., _time, _diff)``: each update's data mapped, its time and diff kept."""
     ev = Evaluator(spark, table, [e for _, e in outputs])
     return pa.Table.from_arrays(
@@ -966,112 +965,6 @@ def _output(ev: Evaluator, name: str, e: exp.Expression) -> pa.Array:
         return ev.column(e)
     except EvaluationError as failure:
         raise failure.located(column=name) from failure
-
-
-def prepare_local(spark, inp: JoinInput, table: pa.Table) -> pa.Table:
-    """:func:`ops.join.prepare` by the driver: a join input's own filter and map."""
-    return _projected(spark, _filtered(spark, table, inp.predicate), inp.outputs)
-
-
-LookupArrow = Callable[[LookupStage, pa.Table, int, Collection[str]], pa.Table]
-"""``(stage, keys, as_of, columns) -> (key and columns..., _diff)``: the stage's arrangement
-at ``as_of`` for ``keys`` (named as its key), summed; raises NotOnDriver when the driver
-cannot read it."""
-
-_RIGHT_DIFF = "_diff_right"
-
-
-def _at(table: pa.Table, time: int) -> pa.Table:
-    """``table`` with every update at ``time`` (``_time`` before ``_diff``)."""
-    if TIME in table.column_names:
-        table = table.drop_columns([TIME])
-    times = pa.repeat(pa.scalar(time, pa.int64()), table.num_rows)
-    return table.add_column(table.column_names.index(DIFF), TIME, times)
-
-
-def _joinable(t: pa.DataType) -> bool:
-    """Whether Arrow's hash join takes a column of type ``t`` (as a key or not)."""
-    unsupported = (pa.types.is_string_view, pa.types.is_binary_view, pa.types.is_null)
-    return not (pa.types.is_nested(t) or any(f(t) for f in unsupported))
-
-
-def _diff_product(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Two multiplicities multiplied; a product past a bigint raises EvaluationError, as
-    Spark's (ANSI) product of the two ``_diff`` columns does."""
-    largest = [max(abs(x.as_py() or 0) for x in pc.min_max(d).values()) for d in (left, right)]
-    if largest[0] * largest[1] < 2**63:
-        return pc.multiply(left, right)
-    return _integral_result("multiply", left, right, T.LongType())
-
-
-def _join_stage_local(spark, stream: pa.Table, right: pa.Table, stage: LookupStage) -> pa.Table:
-    """One stage of a delta path: the stream joined with the rows looked up, diffs
-    multiplied, then the residual predicates that stage can check."""
-    right = right.drop_columns([TIME])
-    right = right.rename_columns([_RIGHT_DIFF if c == DIFF else c for c in right.column_names])
-    for s, r in zip(stage.stream_keys, stage.input_keys, strict=True):
-        if stream.schema.field(s).type != right.schema.field(r).type:
-            raise NotOnDriver(f"join keys {s} and {r} differ in type: Spark casts them")
-    for field in [*stream.schema, *right.schema]:
-        if not _joinable(field.type):
-            raise NotOnDriver(
-                f"a join of {field.name} ({field.type}) is Spark's: Arrow's refuses it"
-            )
-    out = stream.join(
-        right,
-        keys=list(stage.stream_keys),
-        right_keys=list(stage.input_keys),
-        join_type="inner",
-        coalesce_keys=False,
-        use_threads=False,
-    )
-    diff = _diff_product(out.column(DIFF), out.column(_RIGHT_DIFF))
-    out = out.drop_columns([DIFF, _RIGHT_DIFF]).append_column(DIFF, diff)
-    for r in stage.residual:
-        out = _filtered(spark, out, r)
-    return out
-
-
-def join_delta_local(
-    spark,
-    join: Join,
-    deltas: Mapping[str, pa.Table],
-    lookup: LookupArrow,
-    *,
-    old: int,
-    new: int,
-    unchanged: Collection[str] = (),
-) -> pa.Table:
-    """:func:`ops.join.render_join_delta` of an inner join, computed by the driver: the same
-    delta paths advanced together, stages reading one arrangement at one time sharing one
-    lookup, diffs multiplied, every update at ``new``. Outer and semi-joins are Spark's."""
-    if isinstance(join, SemiJoin) or join.preserve:
-        raise NotOnDriver("outer and semi-joins are computed by Spark")
-    paths = [p for p in plan_paths(join) if join.inputs[p.source].get.collection not in unchanged]
-    if not paths:
-        raise NotOnDriver("no input of the join changed")
-    streams = []
-    for path in paths:
-        inp = join.inputs[path.source]
-        streams.append(_at(prepare_local(spark, inp, deltas[inp.get.collection]), new))
-    for depth in range(len(join.inputs) - 1):
-        for (arrangement, at), users in shared_lookups(paths, depth, old, new).items():
-            keys = pa.concat_tables(
-                [
-                    streams[i]
-                    .select(list(paths[i].stages[depth].stream_keys))
-                    .rename_columns(list(arrangement.key))
-                    for i in users
-                ],
-                promote_options="permissive",
-            )
-            read = {c for i in users for c in join.inputs[paths[i].stages[depth].input].get.columns}
-            state = _at(lookup(paths[users[0]].stages[depth], keys, at, read), new)
-            for i in users:
-                stage = paths[i].stages[depth]
-                right = prepare_local(spark, join.inputs[stage.input], state)
-                streams[i] = _join_stage_local(spark, streams[i], right, stage)
-    return pa.concat_tables([s.select([*join.columns, TIME, DIFF]) for s in streams])
 
 
 def _wider(a: T.DataType, b: T.DataType) -> T.DataType:

@@ -2,31 +2,33 @@
 towers, TopK.
 
 Renders the branches :mod:`ivm.plan.reduce` decided as Spark DataFrames; the driver renders
-the same plan for a small change (:mod:`ops.local_reduce`), and within this path takes on the
-state of a small change (:mod:`ops.accumulate`, :mod:`ops.climb`, :mod:`ops.buffer`). What
-the two renderers of an accumulable branch must agree on (its state columns, exact sums,
-decimal types and rounding, AVG's division, NULL rules) is :mod:`ops.accumulable`'s; this module
-writes it as column expressions. Every branch keeps its state in Delta tables
-(``state/<view>/<table>``) written once per epoch through a :class:`StateStore`, and answers
-"what are the groups' results at time ``t``" for the groups a change touched:
+the same plan for a small change (:mod:`ops.reduce.driver`), and within this path takes on the
+state of a small change (:mod:`ops.reduce.accumulate`, :mod:`ops.reduce.climb`,
+:mod:`ops.reduce.buffer`). What the two renderers of an accumulable branch must agree on (its state
+columns, exact sums, decimal types and rounding, AVG's division, NULL rules) is
+:mod:`ops.reduce.accumulable`'s; this module writes it as column expressions. Every branch keeps its
+state in Delta tables (``state/<view>/<table>``) written once per epoch through a
+:class:`StateStore`, and answers "what are the groups' results at time ``t``" for the groups a
+change touched:
 
 - *accumulable*: the state is, per group, sums of per-row contributions (row count, non-null
   counts, sums, sums of squares, counts of TRUE) appended as one row per touched group and
   epoch; the result at ``t`` is the sum of the rows up to ``t``. Exact: integer and DECIMAL
   sums are kept as DECIMAL(38, s), floating-point ones as exact sums per exponent
-  (:mod:`ops.floatsum`); AVG of a decimal is Spark's ``Average`` quotient. A small change is
-  summed on the driver (:mod:`ops.accumulate`).
+  (:mod:`ops.reduce.floatsum`); AVG of a decimal is Spark's ``Average`` quotient. A small change is
+  summed on the driver (:mod:`ops.reduce.accumulate`).
 - *hierarchical* (MIN/MAX) and *topk*: a tower (see :mod:`ivm.plan.reduce`). A change to
   level ``l - 1`` re-examines, for each touched bucket, only that bucket's children (about 16
   entries), and passes on only the buckets whose result changed; a level whose change is
-  empty stops the climb. A small change climbs a MIN/MAX tower on the driver (:mod:`ops.climb`).
+  empty stops the climb. A small change climbs a MIN/MAX tower on the driver
+  (:mod:`ops.reduce.climb`).
 - *buffer* (TopK over a stateless input): per group, its first ``k + spare`` rows and its row
   count; the touched groups' buffers are merged with the change ranked at or above their last
   row, and a group left short is refilled from its input evaluated from scratch. A small
-  change is merged on the driver (:mod:`ops.buffer`).
+  change is merged on the driver (:mod:`ops.reduce.buffer`).
 - *basic*: the touched groups are recomputed by Spark from the branch's input arrangement.
 - *distinct*: a ``(group, value)`` count table; only values whose count crosses zero go on
-  (counted on the driver for a small change, :mod:`ops.accumulate`).
+  (counted on the driver for a small change, :mod:`ops.reduce.accumulate`).
 - *threshold*: per-row counts of both inputs of INTERSECT/EXCEPT, and the multiplicity rule.
 
 Contract in ``(data, time, diff)`` terms: given the input's updates ``Δ`` in ``(old, new]``
@@ -64,17 +66,18 @@ from ivm.plan.reduce import (
     topk_spare,
 )
 from ivm.policy import current
-from ops import DIFF, TIME, accumulable, floatsum
-from ops.accumulate import accumulate_on_driver, distinct_on_driver
-from ops.buffer import refresh_on_driver
-from ops.climb import built_levels, climb_on_driver
+from ops import DIFF, TIME
 from ops.consolidate import consolidate
+from ops.reduce import accumulable, floatsum
+from ops.reduce.accumulate import accumulate_on_driver, distinct_on_driver
+from ops.reduce.buffer import refresh_on_driver
+from ops.reduce.climb import built_levels, climb_on_driver
 from ops.sink import arrow_schema, exact_types
 from resources.spark import is_connect
 
 FLOAT_BINS = "_fb"
 """A group's exact floating-point sums, collected from its ``float_sums`` rows: an array of
-``(_t argument, _b exponent, _v, _qh, _ql)`` structs (:mod:`ops.floatsum`)."""
+``(_t argument, _b exponent, _v, _qh, _ql)`` structs (:mod:`ops.reduce.floatsum`)."""
 
 
 def _c(name: str) -> Column:
@@ -216,19 +219,20 @@ class _Groups:
 
 @dataclass(frozen=True)
 class _Accumulator:
-    """An accumulable branch's state (:func:`ops.accumulable.layout`) rendered as Spark columns.
+    """An accumulable branch's state (:func:`ops.reduce.accumulable.layout`) rendered as Spark
+    columns.
 
     ``contributions``: per state column, its value over an input update row; ``results``: per
     aggregate, its value over the summed state. ``float_specs``: the aggregates computed from
-    exact floating-point sums (:func:`ops.floatsum.arrow_results`), whose results read
+    exact floating-point sums (:func:`ops.reduce.floatsum.arrow_results`), whose results read
     :data:`FLOAT_RESULTS`; ``averages``: the AVGs of decimals Spark's decimal division cannot
     round as ``Average`` does, ``(sum column, count column, argument type)``, computed by
-    :func:`ops.accumulable.decimal_averages` into :data:`DECIMAL_AVERAGES`."""
+    :func:`ops.reduce.accumulable.decimal_averages` into :data:`DECIMAL_AVERAGES`."""
 
     layout: accumulable.Layout
     contributions: list[Column]
     results: list[Callable[[], Column]]
-    float_specs: list[tuple] = field(default_factory=list)  # see ops.floatsum.arrow_results
+    float_specs: list[tuple] = field(default_factory=list)  # see ops.reduce.floatsum.arrow_results
     averages: list[tuple[str, str, T.DecimalType]] = field(default_factory=list)
 
     @property
@@ -253,8 +257,8 @@ DECIMAL_AVERAGES = "_da"
 
 def _with_float_results(state: DataFrame, acc: _Accumulator) -> DataFrame:
     """``state`` with :data:`FLOAT_RESULTS` computed from its counts and :data:`FLOAT_BINS` by
-    :func:`ops.floatsum.arrow_results` (Arrow batches in Spark's Python workers; the module is
-    pickled by value, so they need only the standard library and pyarrow)."""
+    :func:`ops.reduce.floatsum.arrow_results` (Arrow batches in Spark's Python workers; the module
+    is pickled by value, so they need only the standard library and pyarrow)."""
     cloudpickle.register_pickle_by_value(floatsum)
     out = T.StructField(FLOAT_RESULTS, T.ArrayType(T.DoubleType()))
     schema = T.StructType([*state.schema.fields, out])
@@ -263,7 +267,7 @@ def _with_float_results(state: DataFrame, acc: _Accumulator) -> DataFrame:
 
 def _with_decimal_averages(state: DataFrame, acc: _Accumulator) -> DataFrame:
     """``state`` with :data:`DECIMAL_AVERAGES` computed by
-    :func:`ops.accumulable.decimal_averages` (Spark's Python workers, the module pickled by
+    :func:`ops.reduce.accumulable.decimal_averages` (Spark's Python workers, the module pickled by
     value) from each sum cast to the type ``Average`` sums in (Spark's cast: past it, an error
     under ANSI mode, else NULL)."""
     cloudpickle.register_pickle_by_value(accumulable)
@@ -356,13 +360,13 @@ def _accumulator(aggregates: Sequence[Aggregate], schema: T.StructType) -> _Accu
 
 
 FLOAT_SUMS = ("_v", "_qh", "_ql")
-"""The sums a ``float_sums`` row keeps (:mod:`ops.floatsum`)."""
+"""The sums a ``float_sums`` row keeps (:mod:`ops.reduce.floatsum`)."""
 
 
 def _float_sums(acc: _Accumulator, delta: DataFrame, keys: Sequence[str]) -> DataFrame:
     """The change's exact floating-point sums per ``(group, argument, exponent)``, the rows an
     epoch appends to a ``float_sums`` table (``_t`` the argument, ``_b`` the exponent, ``_v``,
-    ``_qh``, ``_ql`` the sums of :func:`ops.floatsum.terms` times ``_diff``); all-zero rows
+    ``_qh``, ``_ql`` the sums of :func:`ops.reduce.floatsum.terms` times ``_diff``); all-zero rows
     dropped. The input is summed per exponent: a few rows per group, whatever its size."""
     args = acc.layout.float_args
     squared = acc.layout.squared
@@ -458,7 +462,7 @@ def _times_diff(x: Column, dt: T.DataType, st: T.DataType) -> Column:
 
 def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:
     """Spark's SUM from the state: NULL with no non-NULL value, else the exact sum cast to
-    SUM's type (:func:`ops.accumulable.summed_decimal`, a BIGINT, a double)."""
+    SUM's type (:func:`ops.reduce.accumulable.summed_decimal`, a BIGINT, a double)."""
     if isinstance(dt, T.DecimalType):
         out: T.DataType = accumulable.summed_decimal(dt)
     elif isinstance(dt, (T.FloatType, T.DoubleType)):
@@ -470,9 +474,9 @@ def _sum_result(nn: str, total: str, dt: T.DataType) -> Column:
 
 def _avg_result(nn: str, total: str, dt: T.DataType) -> Column:
     """Spark's AVG from the state: NULL with no non-NULL value; of integers a double quotient;
-    of a DECIMAL(p, s), as ``Average`` divides (:func:`ops.accumulable.decimal_average`): the
+    of a DECIMAL(p, s), as ``Average`` divides (:func:`ops.reduce.accumulable.decimal_average`): the
     sum cast to DECIMAL(p + 10, s) (Spark's overflow check), widened exactly to
-    :func:`ops.accumulable.sql_average_numerator`'s type, divided by the count as
+    :func:`ops.reduce.accumulable.sql_average_numerator`'s type, divided by the count as
     DECIMAL(20, 0) in a division whose type has the result's scale (Spark rounds its 39-place
     quotient once, to it), then cast to DECIMAL(p + 4, s + 4). Only for types that have such a
     division; the others are :func:`_divided_average`'s."""
@@ -487,7 +491,7 @@ def _avg_result(nn: str, total: str, dt: T.DataType) -> Column:
 
 
 def _divided_average(nn: str, i: int, dt: T.DecimalType) -> Column:
-    """AVG of a decimal divided by :func:`ops.accumulable.decimal_averages` (the ``i``-th of
+    """AVG of a decimal divided by :func:`ops.reduce.accumulable.decimal_averages` (the ``i``-th of
     :data:`DECIMAL_AVERAGES`), cast to its type (past it: Spark's cast raises, or NULL)."""
     quotient = F.col(DECIMAL_AVERAGES).getItem(i)
     return F.when(_c(nn) > 0, quotient.cast(accumulable.average_decimal(dt)))
@@ -651,7 +655,7 @@ def _climb(
 ) -> DataFrame:
     """Write a change to level 0 and carry it up the tower; returns the top level's change.
     ``driver_levels``: how the driver computes a build's levels from level 0 (MIN/MAX:
-    :func:`ops.climb.built_levels`), used when level 0 is small (:func:`_built_by_driver`).
+    :func:`ops.reduce.climb.built_levels`), used when level 0 is small (:func:`_built_by_driver`).
 
     ``unique``: ``level0`` is already one row per ``(keys, leaf values)`` with a non-zero
     ``_diff`` (the input presummed at that grain), so it is written as it stands. In a

@@ -1,20 +1,21 @@
 """The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
 (:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers) and a
-buffered TopK (:func:`topk_local`, :func:`ops.buffer.refresh_rows`), rendering the same plan
-(:mod:`ivm.plan.reduce`) as :mod:`ops.reduce` renders on Spark, state read and written by the
+buffered TopK (:func:`topk_local`, :func:`ops.reduce.buffer.refresh_rows`), rendering the same plan
+(:mod:`ivm.plan.reduce`) as :mod:`ops.reduce.spark` renders on Spark, state read and written by the
 driver.
 
 Owns the Arrow rendering of an accumulable branch (:class:`_Accumulable`: contributions summed
 per group by Arrow, exact floating-point terms) and of a tower's level 0 (buckets by Spark's
 ``xxhash64``, :func:`spark_xxhash64`, the ``xxhash`` library's XXH64). The arithmetic it shares
 with Spark's path (the state columns, exact sums of state rows, decimal rounding, AVG's
-division, NULL rules, result types, a DISTINCT's counts crossing zero) is :mod:`ops.accumulable`'s.
+division, NULL rules, result types, a DISTINCT's counts crossing zero) is
+:mod:`ops.reduce.accumulable`'s.
 
-Contract in ``(data, time, diff)`` terms, :func:`ops.reduce.render_reduce`'s: given the
+Contract in ``(data, time, diff)`` terms, :func:`ops.reduce.spark.render_reduce`'s: given the
 input's updates in ``(old, new]`` (Arrow), every branch's state tables get at ``new`` the rows
 Spark's path writes (an accumulable branch: one row of summed contributions per touched group,
 all-zero ones dropped; a DISTINCT: the ``(group, value)`` counts' change; a tower: each
-level's change, :func:`ops.climb.climb_rows`), and the result is the reduce's change at
+level's change, :func:`ops.reduce.climb.climb_rows`), and the result is the reduce's change at
 ``new``: ``-1`` for each touched group's row at ``old``, ``+1`` for its row at ``new``,
 consolidated, with Spark's values and types.
 
@@ -45,19 +46,20 @@ from ivm.errors import NotOnDriver
 from ivm.plan.ir import Aggregate, Reduce, TopK
 from ivm.plan.reduce import FANOUT_BITS, SUMMED, Branch, branches
 from ivm.policy import current
-from ops import DIFF, TIME, accumulable, buffer, floatsum
-from ops.accumulable import Group
-from ops.buffer import summed
-from ops.climb import climb_rows
-from ops.local import arrow_type, decimal_shape
+from ops import DIFF, TIME
+from ops.reduce import accumulable, buffer, floatsum
+from ops.reduce.accumulable import Group
+from ops.reduce.buffer import summed
+from ops.reduce.climb import climb_rows
 from ops.sink import exact_types
+from ops.stateless.driver import arrow_type, decimal_shape
 
 _SPECIAL = {
     "nan": pc.is_nan,
     "pinf": lambda x: pc.equal(x, math.inf),
     "ninf": lambda x: pc.equal(x, -math.inf),
 }
-"""The NaN and infinity counts beside exact floating-point sums (as ``ops.reduce``'s)."""
+"""The NaN and infinity counts beside exact floating-point sums (as ``ops.reduce.spark``'s)."""
 
 
 def _floating(t: T.DataType) -> bool:
@@ -101,9 +103,9 @@ def spark_xxhash64(value: Any, t: T.DataType) -> int:
 
 
 class _Accumulable:
-    """An accumulable branch's state (:func:`ops.accumulable.layout`) rendered in Arrow and Python:
-    per-row contributions summed by Arrow, results by :func:`ops.accumulable.values`; the same state
-    rows and values as :func:`ops.reduce._accumulator`'s Spark columns."""
+    """An accumulable branch's state (:func:`ops.reduce.accumulable.layout`) rendered in Arrow and
+    Python: per-row contributions summed by Arrow, results by :func:`ops.reduce.accumulable.values`;
+    the same state rows and values as :func:`ops.reduce.spark._accumulator`'s Spark columns."""
 
     def __init__(self, aggregates: Sequence[Aggregate], types: dict[str, T.DataType]) -> None:
         for a in aggregates:
@@ -160,7 +162,7 @@ class _Accumulable:
 
     def float_sums(self, rows: pa.Table, keys: Sequence[str]) -> dict[Group, dict]:
         """Per group, the exact floating-point sums of ``rows`` (updates with ``_diff``) as
-        ``{(argument, exponent): [v, qh, ql]}`` (:func:`ops.floatsum.terms` times ``_diff``,
+        ``{(argument, exponent): [v, qh, ql]}`` (:func:`ops.reduce.floatsum.terms` times ``_diff``,
         the rows Spark's path sums); all-zero entries dropped."""
         out: dict[Group, dict] = {}
         args = self.layout.float_args
@@ -192,7 +194,7 @@ class _Accumulable:
 
     def results(self, state: list, bins: dict | None = None) -> list:
         """The aggregates' values from a group's summed state and exact floating-point sums
-        ``{(term, bin): sum}`` (:func:`ops.accumulable.values`)."""
+        ``{(term, bin): sum}`` (:func:`ops.reduce.accumulable.values`)."""
         return accumulable.values(self.layout, state, bins)
 
 
@@ -221,7 +223,7 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
 def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
     """The reduce's change in ``(store.old, store.new]`` from its input's updates ``delta``
     (``(columns..., _time, _diff)``), its state read and written through ``store``
-    (:class:`ops.reduce.StateStore`'s ``read_rows``/``write_rows``): the module's contract."""
+    (:class:`ops.reduce.spark.StateStore`'s ``read_rows``/``write_rows``): the module's contract."""
     if store.read_rows is None or store.write_rows is None or store.old <= 0:
         raise NotOnDriver("the state is not the driver's to read")
     if delta.num_rows > current().driver_state_rows:
@@ -331,7 +333,7 @@ def _float_state(
     store: Any,
 ) -> tuple[dict[Group, dict], dict[Group, dict]]:
     """Write an accumulable branch's exact floating-point sums' change to its ``float_sums``
-    table (``(keys..., _t, _b, _v, _qh, _ql, _time)``, the rows :func:`ops.reduce._float_sums`
+    table (``(keys..., _t, _b, _v, _qh, _ql, _time)``, the rows :func:`ops.reduce.spark._float_sums`
     writes); the touched groups' sums ``{(argument, exponent): [v, qh, ql]}`` at old and at
     new."""
     table = branch.float_table
@@ -384,7 +386,7 @@ def _distinct_flips(
 ) -> pa.Table:
     """Write a DISTINCT's ``(group, value)`` counts' change; the distinct set's change
     ``(group, value, _diff)``: ``+1`` for each value whose count rose from zero, ``-1`` for
-    each that fell to zero (as :func:`ops.accumulate.distinct_on_driver`)."""
+    each that fell to zero (as :func:`ops.reduce.accumulate.distinct_on_driver`)."""
     cols = [*keys, branch.value or ""]
     table = branch.tables[0]
     summed_rows = (
@@ -418,7 +420,7 @@ def _tower(
     probe: pa.Table,
     store: Any,
 ) -> tuple[dict[Group, list], dict[Group, list]]:
-    """Climb a MIN/MAX tower with the change (:func:`ops.climb.climb_rows`); the branch's
+    """Climb a MIN/MAX tower with the change (:func:`ops.reduce.climb.climb_rows`); the branch's
     results per touched group at old and at new, from its top level."""
     arg = branch.value or ""
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
@@ -458,7 +460,7 @@ def _tower(
 
 
 def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
-    """A buffered TopK's change computed by the driver (:func:`ops.buffer.refresh_rows`)
+    """A buffered TopK's change computed by the driver (:func:`ops.reduce.buffer.refresh_rows`)
     from its input's updates ``delta`` (``(columns..., _time, _diff)``): ``(columns...,
     [rank], _time, _diff)``. NotOnDriver for a tower or monotonic TopK, floating-point
     columns, a group to refill from the input, or state the driver does not read."""
