@@ -165,9 +165,13 @@ class ReduceLowering(LoweringContext):
     def _refuse_grouping(self, s: exp.Select) -> None:
         """Refuse ROLLUP, CUBE, GROUPING SETS and ``SELECT *`` in a grouped query."""
         group = s.args.get("group")
-        for key in ("rollup", "cube", "grouping_sets"):
+        for key in ("rollup", "cube", "grouping_sets"):  # GROUP BY a WITH ROLLUP
             if group is not None and group.args.get(key):
                 raise self.unsupported(f"GROUP BY {key.upper().replace('_', ' ')}", group)
+        for item in group.expressions if group is not None else []:  # GROUP BY ROLLUP(a)
+            if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
+                name = {exp.Rollup: "ROLLUP", exp.Cube: "CUBE"}.get(type(item), "GROUPING SETS")
+                raise self.unsupported(f"GROUP BY {name}", item)
         for item in s.expressions:
             if isinstance(item, exp.Star) or (
                 isinstance(item, exp.Column) and isinstance(item.this, exp.Star)

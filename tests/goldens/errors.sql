@@ -74,3 +74,11 @@ SELECT o_orderkey FROM orders
 CREATE VIEW v AS SELECT o_orderkey FROM orders; CREATE VIEW w AS SELECT o_orderkey FROM orders
 -- case: union width
 CREATE VIEW v AS SELECT o_orderkey, o_custkey FROM orders UNION ALL SELECT c_custkey FROM customer
+-- case: group by rollup
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY ROLLUP(o_custkey)
+-- case: group by cube
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY CUBE(o_custkey)
+-- case: group by grouping sets
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY GROUPING SETS ((o_custkey), ())
+-- case: group by with rollup
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey WITH ROLLUP
