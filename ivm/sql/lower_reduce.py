@@ -90,6 +90,8 @@ class _Grouping:
     calls: dict[tuple[object, ...], str] = field(default_factory=dict)
     """A call's signature -> the reduce's output column for it."""
     aggregates: list[Aggregate] = field(default_factory=list)
+    frozen: bool = False
+    """The reduce node is built: ORDER BY may use its aggregates but add none."""
 
     def column(self, e: exp.Expression, prefix: str) -> str:
         """The projection's column computing ``e`` (a new ``_<prefix>N`` unless ``e`` is
@@ -158,6 +160,7 @@ class ReduceLowering(LoweringContext):
         )
         if having_expr is not None:
             reduce_node = Filter(reduce_node, having_expr)
+        grouping.frozen = True
         return Project(reduce_node, tuple(outputs)), lambda e: self._over_groups(
             grouping, e, "ORDER BY"
         )
@@ -270,6 +273,10 @@ class ReduceLowering(LoweringContext):
             params = call.params
         sig = (func, arg, distinct, params, order)
         calls = grouping.calls
+        if sig not in calls and grouping.frozen:
+            raise self.unsupported(
+                "ORDER BY an aggregate that is not in SELECT (add it to the SELECT list)", at
+            )
         if sig not in calls:
             taken = set(grouping.keys) | set(calls.values())
             calls[sig] = prefer if prefer and prefer not in taken else f"_agg{len(calls)}"

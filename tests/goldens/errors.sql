@@ -82,3 +82,5 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY C
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY GROUPING SETS ((o_custkey), ())
 -- case: group by with rollup
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey WITH ROLLUP
+-- case: order by an aggregate not selected
+CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey ORDER BY max(o_orderkey) LIMIT 2
