@@ -185,10 +185,6 @@ class Catalog:
             raise InvariantViolation(f"{uri}: expected table is missing")
         return pa.schema(dt.schema().to_arrow())
 
-    def table_rows(self, uri: str) -> int:
-        """The rows of a table's live files, from the Delta log (0: no table)."""
-        return sum(f.num_records or 0 for f in table_files(uri)) if open_table(uri) else 0
-
     def rows_hint(self, coll: str) -> int | None:
         """Rough row count of a collection (from Delta stats), to size files."""
         uri = self.layout.view_table(coll) if coll in self.plan.views else self.sources[coll].uri

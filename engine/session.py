@@ -30,10 +30,6 @@ class Session:
         found failing in the view it refreshes (an EvaluationError, see engine.compute)."""
 
     @property
-    def started(self) -> bool:
-        return self._spark is not None
-
-    @property
     def spark(self) -> SparkSession:
         with self._lock:  # views refreshed at once start it once
             if self._spark is None:

@@ -57,6 +57,17 @@ def _declined(table: StateTable, why: str) -> None:
     declined(f"state {table.name} kept by Spark ({why})")
 
 
+def _held(df: DataFrame, most: int, table: StateTable, what: str) -> pa.Table | None:
+    """``df`` collected as Arrow (one Spark job) when its types carry over exactly and it has
+    at most ``most`` rows; otherwise None, the reason recorded (``what`` changed)."""
+    if not exact_types(df.schema):
+        return _declined(table, "its types are Spark's")
+    held = df.limit(most + 1).toArrow()
+    if held.num_rows > most:
+        return _declined(table, f"more than {most} {what} changed")
+    return held
+
+
 def _local(spark: Any, rows: Sequence[Row], schema: pa.Schema) -> DataFrame:
     """``rows`` (tuples in ``schema``'s column order) as a Spark local relation."""
     table = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema)
@@ -79,11 +90,9 @@ def accumulate_on_driver(
     most = _rows_at_most(store)
     if not most:
         return None  # not a small change: Spark's, nothing declined
-    if not exact_types(sums.schema):
-        return _declined(table, "its types are Spark's")
-    held = sums.limit(most + 1).toArrow()
-    if held.num_rows > most:
-        return _declined(table, f"more than {most} groups changed")
+    held = _held(sums, most, table, "groups")
+    if held is None:
+        return None
     groups = touched(most)
     if groups is None:
         return _declined(table, f"more than {most} groups touched")
@@ -118,11 +127,9 @@ def distinct_on_driver(
     most = _rows_at_most(store)
     if not most or store.old <= 0:
         return None  # a build, or not a small change: Spark's, nothing declined
-    if not exact_types(change.schema):
-        return _declined(table, "its types are Spark's")
-    held = change.limit(most + 1).toArrow()
-    if held.num_rows > most:
-        return _declined(table, f"more than {most} values changed")
+    held = _held(change, most, table, "values")
+    if held is None:
+        return None
     cols = list(columns)
     rows = store.read_rows(table, cols, held.select(cols), store.old)
     if rows is None:
