@@ -27,8 +27,8 @@ Owns:
 Spark's renderer writes the same rules as column expressions; for AVG of a decimal it divides
 in SQL where a decimal division of Spark's rounds to exactly the result's scale
 (:func:`sql_average_numerator`), and otherwise runs :func:`decimal_averages` in Spark's Python
-workers (this module is pickled by value: what they run needs only the standard library and
-pyarrow).
+workers (this module and :mod:`ops.decimals` are pickled by value: what they run needs only
+the standard library and pyarrow). Decimal rounding is :mod:`ops.decimals`'.
 
 Contract in ``(data, time, diff)`` terms: an update ``(row, t, d)`` adds ``d`` times the row's
 contribution to each state column of its group (1 to ``_rows``; 1 to ``_nn_x`` when ``x`` is
@@ -53,6 +53,7 @@ from pyspark.sql import types as T
 from ivm.errors import NotOnDriver, UnsupportedSqlError
 from ivm.plan.ir import Aggregate
 from ivm.plan.reduce import SUMMED
+from ops.decimals import quotient, to_scale
 from ops.reduce import floatsum
 
 Group = tuple[Any, ...]
@@ -66,20 +67,6 @@ EXACT = decimal.Context(
 """Decimal sums and scalings in as many digits as they need (Python's default context keeps
 28): a state sum of DECIMAL(38, s) values never reaches 200 digits, and a step that would
 round or overflow raises instead."""
-
-_ROUNDING = decimal.Context(
-    prec=200,
-    rounding=decimal.ROUND_HALF_UP,
-    traps=[decimal.Overflow, decimal.InvalidOperation, decimal.DivisionByZero],
-)
-""":data:`EXACT` for the one step meant to round (:func:`fit`)."""
-
-SPARK_DIVISION_SCALE = 39
-"""Places of Spark's decimal quotient before its result type's rounding: ``Decimal./``
-divides ``java.math.BigDecimal`` values to ``DecimalType.MAX_SCALE + 1`` places, truncated
-(``RoundingMode.DOWN``, SPARK-45786). Rounded half up instead, a quotient whose places past
-the result's scale read ``4999…9`` to the 39th and 5 or more after it would round up where
-Spark rounds it down (an AVG of eleven DECIMAL(38, 38) values summing to 5E-38 is 0E-38)."""
 
 COUNT_DIGITS = 20
 """A count as a decimal (``DecimalType.LongDecimal``, DECIMAL(20, 0)), as ``Average`` divides."""
@@ -302,26 +289,11 @@ def crossings(
 # -- results ------------------------------------------------------------------------------
 
 
-def _half_up(numerator: int, denominator: int) -> int:
-    """``numerator / denominator`` (``denominator`` > 0) rounded half away from zero (as
-    :mod:`ops.stateless.driver`'s: here too, since Spark's workers run this module without the
-    rest)."""
-    q, r = divmod(abs(numerator), denominator)
-    q += 2 * r >= denominator
-    return q if numerator >= 0 else -q
-
-
-def _truncated(numerator: int, denominator: int) -> int:
-    """``numerator / denominator`` (``denominator`` > 0) rounded toward zero."""
-    q = abs(numerator) // denominator
-    return q if numerator >= 0 else -q
-
-
 def decimal_average(total: Decimal, n: int, scale: int) -> Decimal:
     """Spark's ``Average`` of a decimal group whose ``n`` (> 0) values sum to ``total``:
-    ``total / n`` truncated to :data:`SPARK_DIVISION_SCALE` places, then rounded half away
-    from zero to ``scale`` (``DecimalDivideWithOverflowCheck``), in integers; the precision
-    is not checked here.
+    ``total / n`` as a decimal division divides (:func:`ops.decimals.quotient`: truncated to
+    39 places, then rounded half away from zero to ``scale``, as
+    ``DecimalDivideWithOverflowCheck``); the precision is not checked here.
 
     >>> decimal_average(Decimal("1222222221222.222222221222222221"), 3, 22)
     Decimal('407407407074.0740740737407407403333')
@@ -330,17 +302,18 @@ def decimal_average(total: Decimal, n: int, scale: int) -> Decimal:
     >>> decimal_average(Decimal("5E-38"), 11, 38)
     Decimal('0E-38')
     """
-    unscaled = int(total.scaleb(SPARK_DIVISION_SCALE, context=EXACT))
-    quotient = _truncated(unscaled, n)
-    rounded = _half_up(quotient, 10 ** (SPARK_DIVISION_SCALE - scale))
-    return Decimal(rounded).scaleb(-scale, context=EXACT)
+    places = max(-total.as_tuple().exponent, 0)
+    units = int(total.scaleb(places, context=EXACT))
+    return Decimal(quotient(units, places, n, 0, scale)).scaleb(-scale, context=EXACT)
 
 
 def fit(v: Decimal, t: T.DecimalType) -> Decimal:
-    """``v`` rounded half away from zero to ``t``'s scale (Spark's ``changePrecision``);
-    :class:`~ivm.errors.NotOnDriver` when it then has more digits than ``t`` holds (Spark
-    raises under ANSI mode, or returns NULL: Spark's part)."""
-    q = v.quantize(Decimal(1).scaleb(-t.scale), context=_ROUNDING)
+    """``v`` rounded half away from zero to ``t``'s scale (Spark's ``changePrecision``,
+    :func:`ops.decimals.to_scale`); :class:`~ivm.errors.NotOnDriver` when it then has more
+    digits than ``t`` holds (Spark raises under ANSI mode, or returns NULL: Spark's part)."""
+    places = max(-v.as_tuple().exponent, 0)
+    units = to_scale(int(v.scaleb(places, context=EXACT)), places, t.scale)
+    q = Decimal(units).scaleb(-t.scale, context=EXACT)
     if q != 0 and q.adjusted() >= t.precision - t.scale:
         raise NotOnDriver(f"a value overflows {t.simpleString()}")
     return q

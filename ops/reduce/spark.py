@@ -66,7 +66,7 @@ from ivm.plan.reduce import (
     topk_spare,
 )
 from ivm.policy import current
-from ops import DIFF, TIME
+from ops import DIFF, TIME, decimals
 from ops.consolidate import consolidate
 from ops.reduce import accumulable, floatsum
 from ops.reduce.accumulate import accumulate_on_driver, distinct_on_driver
@@ -271,6 +271,7 @@ def _with_decimal_averages(state: DataFrame, acc: _Accumulator) -> DataFrame:
     value) from each sum cast to the type ``Average`` sums in (Spark's cast: past it, an error
     under ANSI mode, else NULL)."""
     cloudpickle.register_pickle_by_value(accumulable)
+    cloudpickle.register_pickle_by_value(decimals)
     inputs = [
         _c(total).cast(accumulable.summed_decimal(t)).alias(f"{DECIMAL_AVERAGES}{i}")
         for i, (total, _, t) in enumerate(acc.averages)

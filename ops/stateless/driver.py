@@ -13,7 +13,7 @@ per process, schema and expression). Values are then computed exactly: decimals 
 (or as Python integers past that), rounded half away from zero to Spark's result scale as
 Spark rounds them, a carry into a new digit included (9.99 as DECIMAL(5,1) is 10.0), products
 and quotients rounded once from their exact values, as Spark's 39 truncated digits round them
-(:data:`_SPARK_PRODUCT_DIGITS`, :data:`_SPARK_QUOTIENT_SCALE`); integers checked against
+(:mod:`ops.decimals`); integers checked against
 their type; strings as UTF-8 bytes. Conditional parts (CASE branches, COALESCE's and IF's
 later arguments, the right side of AND/OR) are evaluated on the rows that reach them only, as
 Spark evaluates them.
@@ -61,7 +61,7 @@ from ivm.plan.ir import (
     TopK,
     UnionAll,
 )
-from ops import DIFF, TIME
+from ops import DIFF, TIME, decimals
 from ops.expressions import spark_sql
 
 Value = pa.Array | pa.ChunkedArray | pa.Scalar
@@ -268,30 +268,6 @@ _EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_UP)
 """Python decimals in as many digits as the driver's values need (Spark's are at most 38
 digits on either side of the point)."""
 
-_SPARK_PRODUCT_DIGITS = 39
-"""Spark multiplies decimals in ``java.math.MathContext(39, DOWN)`` (SPARK-45786): a product
-of more significant digits is truncated to 39 of them, then rounded half up to the result's
-scale ``s``. A product that fits its type has at most ``38 - s`` integer digits, so its 39
-digits reach past place ``s`` and the truncation never changes that rounding: the result is
-the exact product rounded once, half up (a product that loses a digit before place ``s + 1``
-overflows either way). Rounding half up to 38 digits first (``MathContext(38, HALF_UP)``,
-Spark before SPARK-45786) differs: it rounds a product whose digits past place ``s`` read
-``4999…9`` to the 38th digit and 5 or more after it up, where Spark rounds it down."""
-
-_SPARK_QUOTIENT_SCALE = 39
-"""Spark divides decimals to 39 places, truncated (``BigDecimal.divide(_, 39, DOWN)``,
-SPARK-45786), then rounds half up to the result's scale, at most 38: the 39th place decides
-that rounding as the exact quotient would, so the result is the exact quotient rounded once,
-half up. Rounding half up to 38 places first (Spark before SPARK-45786) differs: it rounds a
-quotient whose places past the result's scale read ``4999…9`` to the 38th and 5 or more after
-it up, where Spark rounds it down."""
-
-_SPARK_NEGATION_DIGITS = 34
-"""Spark negates a decimal of more than 18 digits as a Scala ``BigDecimal`` (its
-``MathContext.DECIMAL128``): a value of more than 34 significant digits (counted at its
-type's scale) is first rounded half even to 34 of them, which may then overflow its type."""
-
-
 def _decimal(v: Value, t: T.DataType) -> Value:
     """A number of Spark type ``t`` as an exact 256-bit decimal of its own precision."""
     precision, scale = decimal_shape(t)
@@ -375,20 +351,6 @@ def integral_result(op: str, a: Value, b: Value, t: T.DataType) -> Value:
     return exact.cast(arrow_type(t))
 
 
-def _half_up(n: int, d: int) -> int:
-    """``n / d`` (``d > 0``) rounded half away from zero."""
-    q, r = divmod(abs(n), d)
-    q += 2 * r >= d
-    return q if n >= 0 else -q
-
-
-def _half_even(n: int, d: int) -> int:
-    """``n / d`` (``d > 0``) rounded half to even."""
-    q, r = divmod(abs(n), d)
-    q += 2 * r > d or (2 * r == d and q % 2 == 1)
-    return q if n >= 0 else -q
-
-
 def _unscaled(column: pa.Array, t: T.DataType) -> list[int | None]:
     """A numeric column's values as integers of its decimal scale (``decimal_shape``)."""
     scale = decimal_shape(t)[1]
@@ -412,69 +374,8 @@ def _held(units: list[int | None], t: T.DecimalType) -> pa.Array:
     )
 
 
-def _to_scale(units: int, scale: int, target: int) -> int:
-    """A decimal's integer of ``scale`` places as one of ``target`` places, half up."""
-    if scale >= target:
-        return _half_up(units, 10 ** (scale - target))
-    return units * 10 ** (target - scale)
-
-
-def _truncated(n: int, d: int) -> int:
-    """``n / d`` (``d > 0``) rounded toward zero (``RoundingMode.DOWN``)."""
-    q = abs(n) // d
-    return q if n >= 0 else -q
-
-
-def _spark_product(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx · y·10^-sy`` as Spark's ``Decimal *``: the exact product truncated to 39
-    significant digits, then rounded half up to ``t``'s scale (:data:`_SPARK_PRODUCT_DIGITS`);
-    as an integer of that scale."""
-    units, scale = x * y, sx + sy
-    excess = len(str(abs(units))) - _SPARK_PRODUCT_DIGITS
-    if excess > 0:
-        units, scale = _truncated(units, 10**excess), scale - excess
-        if scale < 0:  # more than 39 integer digits: past any decimal type
-            value = Decimal(units).scaleb(-scale, context=_EXACT)
-            raise EvaluationError("overflow", detail=f"{value} does not fit {t.simpleString()}")
-    return _to_scale(units, scale, t.scale)
-
-
-def _spark_negation(x: int, t: T.DecimalType) -> int:
-    """``-x·10^-scale`` as Spark's ``Decimal`` negates a value of type ``t``, as an integer of
-    its scale (:data:`_SPARK_NEGATION_DIGITS`)."""
-    excess = len(str(abs(x))) - _SPARK_NEGATION_DIGITS
-    if t.precision > 18 and excess > 0:
-        x = _half_even(x, 10**excess) * 10**excess
-    return -x
-
-
-def _spark_sum(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx + y·10^-sy`` as Spark's ``Decimal +``: exact, then rounded half up to
-    ``t``'s scale; as an integer of that scale."""
-    scale = max(sx, sy)
-    return _to_scale(x * 10 ** (scale - sx) + y * 10 ** (scale - sy), scale, t.scale)
-
-
-def _spark_difference(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx - y·10^-sy`` as Spark's ``Decimal -`` (:func:`_spark_sum`)."""
-    return _spark_sum(x, sx, -y, sy, t)
-
-
-_BY_ROW = {"add": _spark_sum, "subtract": _spark_difference, "multiply": _spark_product}
+_BY_ROW = {"add": decimals.total, "subtract": decimals.difference, "multiply": decimals.product}
 """Decimal arithmetic row by row in Python, for what Arrow's decimals cannot hold."""
-
-
-def _spark_quotient(x: int, sx: int, y: int, sy: int, t: T.DecimalType) -> int:
-    """``x·10^-sx / y·10^-sy`` as Spark's ``Decimal /``: the exact quotient truncated to 39
-    places, then rounded half up to ``t``'s scale (:data:`_SPARK_QUOTIENT_SCALE`); as an
-    integer of that scale. A zero ``y`` raises EvaluationError, as Spark's ANSI mode does (a
-    NULL dividend never gets here)."""
-    if y == 0:
-        raise EvaluationError("division by zero", detail=f"{Decimal(x).scaleb(-sx)} / 0")
-    shift = _SPARK_QUOTIENT_SCALE + sy - sx
-    num, den = (x * 10**shift, y) if shift >= 0 else (x, y * 10**-shift)
-    units = _truncated(num if den > 0 else -num, abs(den))
-    return _to_scale(units, _SPARK_QUOTIENT_SCALE, t.scale)
 
 
 def _all_ascii(v: Value) -> bool:
@@ -690,7 +591,7 @@ class Evaluator:
     ) -> Value:
         """``a op b`` (add, subtract, multiply) of decimals (or integers as decimals) exactly
         as Spark: the exact sum or product rounded half up to ``t``'s scale (as Spark's
-        39-digit product rounds it: :data:`_SPARK_PRODUCT_DIGITS`), EvaluationError
+        39-digit product rounds it: :data:`ops.decimals.PRODUCT_DIGITS`), EvaluationError
         (overflow) past its precision."""
         (p1, s1), (p2, s2) = decimal_shape(lt), decimal_shape(rt)
         digits = p1 + p2 + 1 if op == "multiply" else max(p1 - s1, p2 - s2) + max(s1, s2) + 1
@@ -700,7 +601,7 @@ class Evaluator:
 
     def _pairwise(
         self,
-        combine: Callable[[int, int, int, int, T.DecimalType], int],
+        combine: Callable[[int, int, int, int, int], int],
         a: Value,
         b: Value,
         lt: T.DataType,
@@ -714,10 +615,16 @@ class Evaluator:
         xs = _unscaled(_broadcast(a, n), lt)
         ys = _unscaled(_broadcast(b, n), rt)
         sx, sy = decimal_shape(lt)[1], decimal_shape(rt)[1]
-        units = [
-            None if x is None or y is None else combine(x, sx, y, sy, t)
-            for x, y in zip(xs, ys, strict=True)
-        ]
+        try:
+            units = [
+                None if x is None or y is None else combine(x, sx, y, sy, t.scale)
+                for x, y in zip(xs, ys, strict=True)
+            ]
+        except decimals.DecimalOverflow as err:
+            detail = f"{err} does not fit {t.simpleString()}"
+            raise EvaluationError("overflow", detail=detail) from err
+        except ZeroDivisionError as err:
+            raise EvaluationError("division by zero", detail=str(err)) from err
         return _held(units, t)
 
     def _divide(self, left: exp.Expression, right: exp.Expression, t: T.DataType) -> Value:
@@ -734,7 +641,7 @@ class Evaluator:
         a = self(left)  # Spark evaluates the divisor first
         if _is_null(a):
             return pa.scalar(None, arrow_type(t))
-        return self._pairwise(_spark_quotient, a, b, lt, rt, t)
+        return self._pairwise(decimals.quotient, a, b, lt, rt, t)
 
     def _negate(self, operand: exp.Expression, t: T.DataType) -> Value:
         v, source = self(operand), self.type_of(operand)
@@ -743,10 +650,13 @@ class Evaluator:
         if isinstance(t, T.DecimalType):
             exact = pc.negate(_decimal(v, source))
             largest = pc.max(pc.abs(exact)) if not isinstance(exact, pa.Scalar) else exact
-            bound = Decimal(10) ** (_SPARK_NEGATION_DIGITS - t.scale)
+            bound = Decimal(10) ** (decimals.NEGATION_DIGITS - t.scale)
             if largest.is_valid and abs(largest.as_py()) >= bound:  # rounded to 34 digits
                 column = _broadcast(v, self.table.num_rows)
-                units = [None if x is None else _spark_negation(x, t) for x in _unscaled(column, t)]
+                units = [
+                    None if x is None else decimals.negation(x, t.precision)
+                    for x in _unscaled(column, t)
+                ]
                 return _held(units, t)
             return _fit_decimal(exact, t)
         if type(t) in _INTEGRAL_DIGITS:
