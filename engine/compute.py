@@ -28,9 +28,9 @@ from engine.session import Session
 from engine.state import ViewState
 from ivm import policy
 from ivm.errors import EvaluationError, NotOnDriver
+from ivm.plan.driver import driver_support
 from ivm.plan.ir import Join
 from ivm.plan.planner import ViewPlan
-from ivm.policy import driver_support
 from ivm.sql.lower import referenced_tables
 from ivm.sql.parse import parse_view
 from ops import DIFF, TIME

@@ -26,7 +26,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ivm.errors import ConfigError
-from ivm.plan.ir import Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll
+from ivm.plan.driver import driver_support
+from ivm.plan.ir import Node
 
 MIB = 1024 * 1024
 
@@ -162,11 +163,13 @@ class Policy:
     def place(self, root: Node, change_rows: int, *, build: bool = False) -> Placement:
         """Where a refresh of the view ``root`` computes its updates, decided before it runs
         from its inputs' change (``change_rows`` updates, from the change feeds' and log files'
-        row counts) and what the driver's renderer supports (:func:`driver_support`).
+        row counts) and what the driver's renderers compute of its plan, known from the plan
+        alone (:func:`ivm.plan.driver.driver_support`: nodes, expressions, aggregates).
 
-        ``driver``: the driver renders the whole change in Arrow; an operator finding what it
-        cannot hold or evaluate exactly as Spark (a lookup's rows, a state read, an
-        expression) hands that part to Spark, and the refresh records why (``ops.declines``).
+        ``driver``: the driver renders the whole change in Arrow; what it finds only from the
+        column types or the rows (a lookup or state read past ``driver_state_rows``, a decimal
+        past Arrow's digits, non-ASCII text under UPPER) it hands to Spark before writing
+        anything, and the refresh records why (``ops.declines``).
         ``spark``: Spark renders it (the inner joins under its reductions still by the driver
         when the change is small). ``build``: a first build reads its inputs whole: Spark."""
         limit = self.driver_change_rows
@@ -226,17 +229,6 @@ class Placement:
 
     def __str__(self) -> str:
         return f"{self.where} ({self.reason})"
-
-
-def driver_support(node: Node) -> str | None:
-    """Why the driver's renderer cannot compute ``node``'s updates, or None: it renders Get,
-    Filter, Project, UnionAll, inner joins, GROUP BY and TopK (an expression or aggregate
-    among them may still be Spark's, found when the driver evaluates it)."""
-    if isinstance(node, Join):
-        return "an outer join is computed by Spark" if node.preserve else None
-    if not isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)):
-        return f"{type(node).__name__} is computed by Spark"
-    return next((why for why in map(driver_support, node.inputs) if why is not None), None)
 
 
 _lock = threading.Lock()

@@ -14,8 +14,9 @@ from deltalake import write_deltalake
 from engine.facade import Engine
 from engine.oracle import compare_views
 from ivm import policy
+from ivm.plan.driver import driver_support
 from ivm.plan.planner import plan_views
-from ivm.policy import Policy, driver_support
+from ivm.policy import Policy
 from ivm.sql.parse import parse_view
 
 T = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("v", pa.int64())])
@@ -51,6 +52,48 @@ def test_placement_is_decided_from_the_change_and_the_plan() -> None:
     assert "policy.driver = false" in Policy.spark_only().place(grouped, 0).reason
     assert "at most 100 updates" in chosen.describe(grouped)
     assert chosen.describe(outer) == "Spark (an outer join is computed by Spark)"
+
+
+@pytest.mark.parametrize(
+    ("select", "reason"),
+    [
+        ("SELECT k FROM src WHERE (v > 1) IS TRUE", "IS TRUE/FALSE is computed by Spark"),
+        ("SELECT CASE grp WHEN 'a' THEN 1 END AS c FROM src", "CASE x WHEN"),
+        ("SELECT substr(grp, v) AS s FROM src", "substr with a computed start"),
+        ("SELECT substr(grp, -2) AS s FROM src", "substr from the end"),
+        ("SELECT sqrt(v) AS r FROM src", "Sqrt is computed by Spark"),
+        ("SELECT sum(v) AS s FROM src", "a global aggregate is computed by Spark"),
+        ("SELECT grp, string_agg(grp, ',') AS s FROM src GROUP BY grp", "basic aggregates"),
+        ("SELECT a.k FROM src a JOIN src b ON a.k = b.v WHERE sqrt(b.v) > 1", "Sqrt"),
+    ],
+)
+def test_what_the_driver_never_computes_is_placed_on_spark_before_the_refresh(
+    select: str, reason: str
+) -> None:
+    """Expressions, aggregates and nodes the driver's renderers do not compute, whatever the
+    types and rows, are known from the plan: the placement says so before anything runs (the
+    renderers decline only for what depends on types or rows)."""
+    root = _plan(f"CREATE VIEW v AS {select}").root
+    placed = Policy().place(root, 1)
+    assert placed.where == "spark" and reason in placed.reason, placed
+    assert placed.small  # what it causes is still small: the driver writes it
+    assert reason in Policy().describe(root)
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        "SELECT k, upper(grp) AS g, substr(grp, 2, 3) AS s FROM src WHERE v IN (1, 2) AND grp IS "
+        "NOT NULL",
+        "SELECT grp, count(DISTINCT v) AS n, min(v) AS lo, avg(v) AS a FROM src GROUP BY grp",
+        "SELECT a.k, b.grp FROM src a JOIN src b ON a.k = b.v WHERE CASE WHEN a.v > 1 THEN "
+        "true ELSE false END",
+    ],
+)
+def test_what_the_driver_computes_is_placed_on_it(select: str) -> None:
+    root = _plan(f"CREATE VIEW v AS {select}").root
+    assert driver_support(root) is None
+    assert Policy().place(root, 1).where == "driver"
 
 
 def test_using_restores_the_previous_policy() -> None:

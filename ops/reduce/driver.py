@@ -42,7 +42,8 @@ import xxhash
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ivm.errors import NotOnDriver
+from ivm.errors import InvariantViolation, NotOnDriver
+from ivm.plan.driver import node_support
 from ivm.plan.ir import Aggregate, Reduce, TopK
 from ivm.plan.reduce import FANOUT_BITS, SUMMED, Branch, branches
 from ivm.policy import current
@@ -199,22 +200,19 @@ class _Accumulable:
 
 
 def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
-    """NotOnDriver, before anything is written, for what this module does not compute."""
-    if not node.keys:
-        raise NotOnDriver("a global aggregate is computed by Spark")
+    """NotOnDriver, before anything is written, for what this module does not compute with
+    these column types (what it never computes, the placement has already ruled out:
+    :func:`ivm.plan.driver.driver_support`)."""
+    why = node_support(node)
+    if why is not None:
+        raise InvariantViolation(f"{node.label} was placed on the driver, but {why}")
     for b in branches(node):
         if b.kind == "accumulable":
             _Accumulable(b.aggregates, types)
-        elif b.kind == "hierarchical":
-            if b.levels == 0:
-                raise NotOnDriver("MIN/MAX of an append-only input is computed by Spark")
+        else:
             t = types[b.value or ""]
             if _hashed_bytes(t) is None:
                 raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
-        else:
-            raise NotOnDriver(f"{b.kind} aggregates are computed by Spark")
-        if b.distinct and b.kind != "accumulable":
-            raise NotOnDriver("DISTINCT outside COUNT/SUM/AVG is computed by Spark")
         floating = [c for c in (*b.keys, *([b.value] if b.distinct else [])) if _floating(types[c])]
         if floating:
             raise NotOnDriver(f"grouping by floating point ({', '.join(floating)}) is Spark's")
@@ -464,9 +462,12 @@ def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
     from its input's updates ``delta`` (``(columns..., _time, _diff)``): ``(columns...,
     [rank], _time, _diff)``. NotOnDriver for a tower or monotonic TopK, floating-point
     columns, a group to refill from the input, or state the driver does not read."""
+    why = node_support(node)
+    if why is not None:
+        raise InvariantViolation(f"{node.label} was placed on the driver, but {why}")
     (branch,) = branches(node)
-    if branch.kind != "buffer" or store.read_rows is None or store.write_rows is None:
-        raise NotOnDriver("this TopK is computed by Spark")
+    if store.read_rows is None or store.write_rows is None:
+        raise NotOnDriver("the state is not the driver's to read")
     if store.old <= 0 or delta.num_rows > current().driver_state_rows:
         raise NotOnDriver("more updates than the driver's state rows")
     held = delta.select([*node.input.columns, DIFF])

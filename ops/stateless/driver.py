@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import datetime
 import decimal
+import functools
 import json
 import os
 import threading
@@ -51,6 +52,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 from sqlglot import exp
 
 from ivm.errors import EvaluationError, NotOnDriver
+from ivm.plan.driver import ARITHMETIC, COMPARISONS, VALUES, expression_support
 from ivm.plan.ir import (
     Filter,
     Get,
@@ -82,44 +84,14 @@ _ORDERED = (
     T.BooleanType,
     T.BinaryType,
 )
-_COMPARISONS: dict[type, str] = {
-    exp.EQ: "equal",
-    exp.NEQ: "not_equal",
-    exp.LT: "less",
-    exp.LTE: "less_equal",
-    exp.GT: "greater",
-    exp.GTE: "greater_equal",
-}
-_ARITHMETIC: dict[type, str] = {exp.Add: "add", exp.Sub: "subtract", exp.Mul: "multiply"}
-# Nodes evaluated as values (whose Spark type is asked for); If is CASE's branch, not a value.
-_VALUES = (
-    exp.Column,
-    exp.Literal,
-    exp.Boolean,
-    exp.Null,
-    exp.Cast,
-    exp.Neg,
-    exp.And,
-    exp.Or,
-    exp.Not,
-    exp.Is,
-    exp.In,
-    exp.Between,
-    exp.Case,
-    exp.Upper,
-    exp.Lower,
-    exp.Substring,
-    exp.Length,
-    exp.Concat,
-    exp.Coalesce,
-    exp.Nullif,
-    exp.Div,
-    exp.NullSafeEQ,
-    *_COMPARISONS,
-    *_ARITHMETIC,
+_COMPARISONS: dict[type, str] = dict(
+    zip(
+        COMPARISONS,
+        ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
+        strict=True,
+    )
 )
-_STRUCTURE = (exp.Paren, exp.If, exp.Identifier, exp.DataType, exp.DataTypeParam)
-
+_ARITHMETIC: dict[type, str] = dict(zip(ARITHMETIC, ("add", "subtract", "multiply"), strict=True))
 _TYPES: dict[tuple[tuple[tuple[str, str], ...], str], T.DataType] = {}
 _TYPES_LOCK = threading.Lock()
 _TYPES_LOADED: set[str] = set()  # the lakes whose record this process has read
@@ -221,13 +193,13 @@ def _is_value(node: exp.Expression) -> bool:
     branch is structure, a standalone ``IF(c, a, b)`` a value."""
     if isinstance(node, exp.If):
         return node.arg_key != "ifs"
-    return isinstance(node, _VALUES)
+    return isinstance(node, VALUES)
 
 
 def _check_supported(e: exp.Expression) -> None:
-    for node in e.walk():
-        if not isinstance(node, _VALUES + _STRUCTURE):
-            raise NotOnDriver(f"{type(node).__name__} is computed by Spark")
+    why = expression_support(e)
+    if why is not None:
+        raise NotOnDriver(why)
 
 
 def spark_types(spark, schema: T.StructType, expressions: Sequence[exp.Expression]) -> None:
@@ -267,6 +239,7 @@ _ARROW_DIGITS = 76
 _EXACT = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_UP)
 """Python decimals in as many digits as the driver's values need (Spark's are at most 38
 digits on either side of the point)."""
+
 
 def _decimal(v: Value, t: T.DataType) -> Value:
     """A number of Spark type ``t`` as an exact 256-bit decimal of its own precision."""
@@ -493,9 +466,7 @@ class Evaluator:
             return self._logical(e)
         if isinstance(e, exp.Not):
             return pc.invert(_as_bool(self(e.this)))
-        if isinstance(e, exp.Is):
-            if not isinstance(e.expression, exp.Null):
-                raise NotOnDriver("IS TRUE/FALSE is computed by Spark")
+        if isinstance(e, exp.Is):  # IS NULL (:func:`ivm.plan.driver.expression_support`)
             return pc.is_null(self(e.this))
         if isinstance(e, exp.In):
             return self._in(e)
@@ -687,15 +658,9 @@ class Evaluator:
         return getattr(pc, op)(*sides)
 
     def _in(self, e: exp.In) -> Value:
-        if e.args.get("query") or e.args.get("unnest") or e.args.get("field"):
-            raise NotOnDriver("IN (subquery) is computed by Spark")
-        result: Value | None = None
-        for item in e.expressions:
-            hit = self._compare("equal", e.this, item)
-            result = hit if result is None else pc.or_kleene(result, hit)
-        if result is None:
-            raise NotOnDriver("an empty IN list is Spark's")
-        return result
+        """``x IN (a, b, ...)``, a non-empty list (:func:`ivm.plan.driver.expression_support`)."""
+        hits = [self._compare("equal", e.this, item) for item in e.expressions]
+        return functools.reduce(pc.or_kleene, hits)
 
     def _logical(self, e: exp.And | exp.Or) -> Value:
         """AND and OR as Spark evaluates them: the right side only where the left one does
@@ -710,9 +675,8 @@ class Evaluator:
 
     def _case(self, e: exp.Case, t: T.DataType) -> Value:
         """CASE WHEN as Spark evaluates it: each condition on the rows no earlier one took,
-        each value (and ELSE) on the rows it is chosen for."""
-        if e.this is not None:
-            raise NotOnDriver("CASE x WHEN ... is computed by Spark")
+        each value (and ELSE) on the rows it is chosen for (CASE x WHEN is Spark's:
+        :func:`ivm.plan.driver.expression_support`)."""
         n = self.table.num_rows
         conditions, values = [], []
         open_rows: pa.Array | None = None  # None: every row
@@ -776,19 +740,13 @@ class Evaluator:
         return pc.ascii_upper(v) if isinstance(e, exp.Upper) else pc.ascii_lower(v)
 
     def _substring(self, e: exp.Substring, t: T.DataType) -> Value:
-        start, length = e.args.get("start"), e.args.get("length")
-        if not isinstance(t, T.StringType) or not (
-            isinstance(start, exp.Literal) and not start.is_string
-        ):
-            raise NotOnDriver("substr with a computed start is Spark's")
-        pos = int(start.this)
-        count = None
-        if length is not None:
-            if not (isinstance(length, exp.Literal) and not length.is_string):
-                raise NotOnDriver("substr with a computed length is Spark's")
-            count = int(length.this)
-        if pos < 1 or (count is not None and count < 0):
-            raise NotOnDriver("substr from the end is computed by Spark")
+        """``substr(s, pos[, count])`` of text with literal ``pos >= 1`` and ``count >= 0``
+        (:func:`ivm.plan.driver.expression_support`)."""
+        if not isinstance(t, T.StringType):
+            raise NotOnDriver(f"substr of {t.simpleString()} is computed by Spark")
+        length = e.args.get("length")
+        pos = int(e.args["start"].this)
+        count = None if length is None else int(length.this)
         v = self(e.this)
         if _is_null(v):
             return pa.scalar(None, pa.string())
@@ -927,19 +885,3 @@ def normalized_floats(table: pa.Table) -> pa.Table:
                 raise NotOnDriver("NaN is grouped by Spark")
             table = table.set_column(i, f, pc.add(column, pa.scalar(0.0, f.type)))
     return table
-
-
-def on_driver(node: Node) -> bool:
-    """Whether the driver may compute ``node``'s updates: it is made of Get, Filter, Project,
-    UnionAll, inner joins, GROUP BY and TopK only (whose expressions or aggregates may still
-    be Spark's: NotOnDriver)."""
-    return off_driver(node) is None
-
-
-def off_driver(node: Node) -> str | None:
-    """Why the driver may not compute ``node``'s updates (:func:`on_driver`), or None."""
-    if isinstance(node, Join):
-        return "an outer join is computed by Spark" if node.preserve else None
-    if not isinstance(node, (Get, Filter, Project, UnionAll, Reduce, TopK)):
-        return f"{type(node).__name__} is computed by Spark"
-    return next((why for why in map(off_driver, node.inputs) if why is not None), None)

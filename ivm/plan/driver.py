@@ -1,0 +1,161 @@
+"""What the driver's renderers compute, known from a plan alone (no types, no rows).
+
+Owns the static half of the driver's capabilities: the plan nodes, expressions and reduce
+branches that :mod:`ops.stateless.driver`, :mod:`ops.join.driver` and :mod:`ops.reduce.driver`
+render. :func:`driver_support` is what :meth:`ivm.policy.Policy.place` consults before a refresh
+runs, and what EXPLAIN shows; the driver's expression evaluator checks the same lists at its
+entry (:func:`expression_support`). What remains for the renderers to find as they run depends
+on column types or on the rows themselves (a decimal past Arrow's 76 digits, non-ASCII text
+under UPPER, a NaN among grouped values, a state read past ``driver_state_rows``): each such
+decline is recorded (:mod:`ops.declines`) before anything is written.
+
+Contract: pure functions of the plan. They never change the updates ``(data, time, diff)`` a
+view produces, only which renderer computes them.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from ivm.plan.ir import Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll
+from ivm.plan.reduce import branches
+
+COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
+ARITHMETIC = (exp.Add, exp.Sub, exp.Mul)
+
+VALUES: tuple[type[exp.Expression], ...] = (
+    exp.Column,
+    exp.Literal,
+    exp.Boolean,
+    exp.Null,
+    exp.Cast,
+    exp.Neg,
+    exp.And,
+    exp.Or,
+    exp.Not,
+    exp.Is,
+    exp.In,
+    exp.Between,
+    exp.Case,
+    exp.Upper,
+    exp.Lower,
+    exp.Substring,
+    exp.Length,
+    exp.Concat,
+    exp.Coalesce,
+    exp.Nullif,
+    exp.Div,
+    exp.NullSafeEQ,
+    *COMPARISONS,
+    *ARITHMETIC,
+)
+"""Expressions the driver evaluates as values (it asks Spark for each one's type)."""
+
+STRUCTURE: tuple[type[exp.Expression], ...] = (
+    exp.Paren,
+    exp.If,
+    exp.Identifier,
+    exp.DataType,
+    exp.DataTypeParam,
+)
+"""Parts of expressions that are not values of their own (``If`` is also CASE's branch)."""
+
+
+def _number(e: exp.Expression | None) -> int | None:
+    """The value of an integer literal (``-3`` included), else None."""
+    if isinstance(e, exp.Neg):
+        inner = _number(e.this)
+        return None if inner is None else -inner
+    if isinstance(e, exp.Literal) and not e.is_string and e.this.lstrip("-").isdigit():
+        return int(e.this)
+    return None
+
+
+def _substring_support(e: exp.Substring) -> str | None:
+    start, length = _number(e.args.get("start")), e.args.get("length")
+    if start is None:
+        return "substr with a computed start is Spark's"
+    count = None if length is None else _number(length)
+    if length is not None and count is None:
+        return "substr with a computed length is Spark's"
+    if start < 1 or (count is not None and count < 0):
+        return "substr from the end is computed by Spark"
+    return None
+
+
+def _node_support(node: exp.Expression) -> str | None:
+    if not isinstance(node, VALUES + STRUCTURE):
+        return f"{type(node).__name__} is computed by Spark"
+    if isinstance(node, exp.Is) and not isinstance(node.expression, exp.Null):
+        return "IS TRUE/FALSE is computed by Spark"
+    if isinstance(node, exp.In):
+        if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+            return "IN (subquery) is computed by Spark"
+        if not node.expressions:
+            return "an empty IN list is Spark's"
+    if isinstance(node, exp.Case) and node.this is not None:
+        return "CASE x WHEN ... is computed by Spark"
+    if isinstance(node, exp.Substring):
+        return _substring_support(node)
+    return None
+
+
+def expression_support(e: exp.Expression) -> str | None:
+    """Why the driver cannot evaluate ``e`` whatever its types and rows, or None."""
+    for node in e.walk():
+        why = _node_support(node)
+        if why is not None:
+            return why
+    return None
+
+
+def _expressions(node: Node) -> list[exp.Expression]:
+    if isinstance(node, Filter):
+        return [node.predicate]
+    if isinstance(node, Project):
+        return [e for _, e in node.outputs]
+    if isinstance(node, Join):
+        out = list(node.residual)
+        for inp in node.inputs:
+            out += [inp.predicate] if inp.predicate is not None else []
+            out += [e for _, e in inp.outputs]
+        return out
+    return []
+
+
+def _reduce_support(node: Reduce | TopK) -> str | None:
+    if isinstance(node, TopK):
+        (branch,) = branches(node)
+        return None if branch.kind == "buffer" else "this TopK is computed by Spark"
+    if not node.keys:
+        return "a global aggregate is computed by Spark"
+    for b in branches(node):
+        if b.kind == "hierarchical" and b.levels == 0:
+            return "MIN/MAX of an append-only input is computed by Spark"
+        if b.kind not in ("accumulable", "hierarchical"):
+            return f"{b.kind} aggregates are computed by Spark"
+        if b.distinct and b.kind != "accumulable":
+            return "DISTINCT outside COUNT/SUM/AVG is computed by Spark"
+    return None
+
+
+def node_support(node: Node) -> str | None:
+    """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
+    if isinstance(node, Join) and node.preserve:
+        return "an outer join is computed by Spark"
+    if not isinstance(node, (Get, Filter, Project, UnionAll, Join, Reduce, TopK)):
+        return f"{type(node).__name__} is computed by Spark"
+    if isinstance(node, (Reduce, TopK)):
+        return _reduce_support(node)
+    return next(filter(None, map(expression_support, _expressions(node))), None)
+
+
+def driver_support(node: Node) -> str | None:
+    """Why the driver's renderers cannot compute ``node``'s updates, or None: they render
+    Get, Filter, Project, UnionAll, inner joins, GROUP BY with COUNT/SUM/AVG/variance/BOOL
+    and MIN/MAX, and buffered TopK, over the expressions of :data:`VALUES`. A None may still
+    meet a decline that depends on types or rows (the module's docstring)."""
+    why = node_support(node)
+    if why is not None or isinstance(node, Join):  # a join's inputs are Gets: checked above
+        return why
+    return next(filter(None, map(driver_support, node.inputs)), None)
