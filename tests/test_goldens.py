@@ -151,3 +151,19 @@ def test_a_broken_view_sets_aside_itself_and_its_dependents_only() -> None:
     assert str(plan.broken["from_u"]) == "from_u.sql: view 'from_u' reads source 'u': gone"
     with pytest.raises(SqlError, match="unknown column 'nope'"):
         plan.check()
+
+
+def test_lowering_leaves_the_parsed_view_as_written() -> None:
+    """Planning twice from one parse gives the same plan: lowering rewrites copies (QUALIFY's
+    inline ROW_NUMBER() included), never the parsed query."""
+    sql = (
+        "CREATE VIEW v AS SELECT o_custkey, o_orderkey FROM orders "
+        "QUALIFY row_number() OVER (PARTITION BY o_custkey ORDER BY o_orderkey) <= 2"
+    )
+    view = parse_view(sql, "v.sql")
+    before = view.query.sql(dialect="spark")
+    sources = {"orders": ("o_orderkey", "o_custkey")}
+    first = plan_views([view], sources).views["v"].root
+    assert view.query.sql(dialect="spark") == before
+    assert "ROW_NUMBER()" in before
+    assert plan_views([view], sources).views["v"].root == first

@@ -286,9 +286,8 @@ class _Lowerer(ReduceLowering):
             return ranked
         condition = qualify.this
         if inline is not None:
-            condition = condition.transform(
-                lambda n: exp.column(rank) if n is inline else n, copy=False
-            )
+            # a copy (the parsed view stays as written); the window is found by its structure
+            condition = condition.transform(lambda n: exp.column(rank) if n == inline else n)
         bounded, rest = self.rank_filter(ranked, _conjuncts(condition))
         if rest:
             raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
@@ -405,7 +404,7 @@ class _Lowerer(ReduceLowering):
         input's updates, so the result is maintained update by update.
         """
         self._items = [first, *(j.this for j in joins)]  # where each input is written
-        on = [[], *(self._on_conjuncts(scope, j) for j in joins)]
+        on = [[], *(self._on_conjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
         fold = _Fold()
         for i in range(1, len(scope.relations)):
             self._fold_in(scope, fold, i, joins[i - 1], on[i])
@@ -421,9 +420,10 @@ class _Lowerer(ReduceLowering):
             )
         return fold.built
 
-    def _on_conjuncts(self, scope: Scope, j: exp.Join) -> list[_Conjunct]:
-        """The conjuncts of ``j``'s ON, resolved, each with its constant value if it has one;
-        ``ON NULL`` is refused (Spark rejects its type)."""
+    def _on_conjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
+        """The conjuncts of ``j``'s ON (joining relation ``i``), resolved, each with its
+        constant value if it has one; ``ON NULL`` is refused (Spark rejects its type), and so
+        is a conjunct reading a relation joined after ``i`` (Spark cannot resolve it)."""
         cond = j.args.get("on")
         bare = cond
         while isinstance(bare, exp.Paren):
@@ -438,6 +438,15 @@ class _Lowerer(ReduceLowering):
         items = []
         for original in _conjuncts(cond) if cond is not None else []:
             resolved = self.expression(original, scope, "ON")
+            owners = {scope.owner(n) for n in referenced_columns(resolved)}
+            later = [o for o in owners if isinstance(o, int) and o > i]
+            if later:
+                rel = scope.relations[min(later)]
+                raise self.error(
+                    f"condition {original.sql(dialect='spark')!r} reads {rel.alias} "
+                    f"({rel.label}), which is joined after it",
+                    original,
+                )
             items.append((original, resolved, _truth(resolved)))
         return items
 

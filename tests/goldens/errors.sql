@@ -84,3 +84,5 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY G
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey WITH ROLLUP
 -- case: order by an aggregate not selected
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey ORDER BY max(o_orderkey) LIMIT 2
+-- case: inner join condition reads a later input
+CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON o.o_custkey = x.c_custkey JOIN customer x ON x.c_custkey = c.c_custkey
