@@ -349,6 +349,14 @@ def test_materialize_all_runs_cheap_checks_only(project: Path, spark) -> None:
     assert epoch.metadata["epoch"].value == 2
     (check,) = result.get_asset_check_evaluations()
     assert check.asset_key == view_key("open_orders") and check.passed
+    # The epoch alone: minted (its ranges as a table), no view refreshed.
+    write_deltalake(orders, orders_table(range(33, 35)), mode="append")
+    result = job.execute_in_process(instance=instance, asset_selection=[EPOCH_KEY])
+    (mat,) = result.asset_materializations_for_node(VIEWS_OP)
+    assert mat.asset_key == EPOCH_KEY and mat.metadata["epoch"].value == 3
+    ranges = {r.data["source"]: r.data for r in mat.metadata["ranges"].value.records}
+    assert (ranges["orders"]["lower"], ranges["orders"]["upper"]) == (1, 2)
+    assert Engine(project).view_status("open_orders").table_epoch == 2
     # A readable table that lost rows: its cheap check fails, naming the counts.
     engine = Engine(project, spark=spark)
     table = engine.layout.view_table("customers_upper")
