@@ -1,38 +1,54 @@
-"""Dagster assets for one project: observable sources, the epoch, and one asset per view.
+"""Dagster assets for one project: observable sources, the epoch, shared arrangements and one
+asset per view, with the checks Dagster runs on them.
 
-Owns the mapping from the engine's objects to Dagster's: asset keys, dependencies taken from
-the plan, code versions (the SQL hash), data versions and metadata. Every computation is the
-engine's (:class:`engine.facade.Engine`): ``ivm refresh`` and a materialization run the same code.
+Owns the mapping from the engine's objects to Dagster's: asset keys and groups (``sources``,
+``arrangements``, ``views``), dependencies taken from the plan (only edges that carry data),
+code versions (the SQL hash), automation conditions, data versions, and metadata Dagster
+renders (column schema and lineage, table name, URI, storage kind, code references). Every
+computation is the engine's (:class:`engine.facade.Engine`): ``ivm refresh`` and a
+materialization run the same code.
 
 Contract in ``(data, time, diff)`` terms:
 
 - ``sources/<name>`` is observed: its data version is the Delta table version.
-- ``ivm/epoch`` mints the next epoch: the version range of every source that changed.
-- ``views/<name>`` brings the view to the newest epoch its inputs reached; its data version
-  is that epoch, so a materialization that changed nothing keeps the same data version. The
-  views are one subsettable multi-asset (op ``ivm_views``): a run refreshes the views it
-  selected side by side, as ``ivm refresh`` does.
+- ``ivm/epoch`` fixes the version range of every source that changed (the next epoch). The
+  epoch, the arrangements and the views are one subsettable multi-asset (op ``ivm_views``):
+  a run that selects any view mints the epoch first, whether or not it selected ``ivm/epoch``,
+  then refreshes its views side by side, as ``ivm refresh`` does; so no view needs an edge
+  from the epoch.
+- ``views/<name>`` brings the view to the newest epoch; its data version is that epoch, so a
+  materialization that changed nothing keeps the same data version.
+- Check ``consistent`` (every view, one multi-asset check, no Spark) runs with every
+  materialization; check ``matches_from_scratch`` (Spark recomputes the view) runs only in
+  runs that materialize nothing (the ``ivm_verify`` job, a check launched alone).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from graphlib import TopologicalSorter
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
 from dagster import AssetExecutionContext
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
+from pyspark.sql import SparkSession
 
 from engine.facade import Engine
-from engine.results import ViewResult
+from engine.inspect import Inspector
+from engine.results import ConsistencyResult, QuarantineResult, ViewResult
 from ivm.config import Project
 from ivm.errors import IvmError
+from ivm.plan.ir import column_lineage
+from ivm.plan.join import ArrangementKey
 from resources.faults import crash_point
-from resources.lake import SourceTable
+from resources.lake import EpochRecord, SourceTable
 from resources.spark import check_spark
 
 SOURCES_GROUP = "sources"
+ARRANGEMENTS_GROUP = "arrangements"
 VIEWS_GROUP = "views"
 EPOCH_KEY = dg.AssetKey(["ivm", "epoch"])
 POOL = "ivm_lake"
@@ -47,71 +63,147 @@ def view_key(name: str) -> dg.AssetKey:
     return dg.AssetKey(["views", name])
 
 
+def arrangement_key(key: ArrangementKey) -> dg.AssetKey:
+    """``arrangements/<collection>_by_<column>[_and_<column>...]``, e.g.
+    ``arrangements/orders_by_o_custkey`` (its table is ``arrangements/<key.name>``)."""
+    return dg.AssetKey(["arrangements", f"{key.collection}_by_{'_and_'.join(key.key)}"])
+
+
+def spark_factory(pyspark: LazyPySparkResource) -> Callable[[], SparkSession]:
+    """The resource's session, started (after the Java or server check) only when a step
+    first needs Spark: a refresh that finds nothing to compute starts no JVM."""
+
+    def start() -> SparkSession:
+        check_spark(pyspark.spark_config)
+        return pyspark.spark_session
+
+    return start
+
+
 def _md_code(text: str, lang: str = "") -> dg.MetadataValue:
     return dg.MetadataValue.md(f"```{lang}\n{text.rstrip()}\n```")
 
 
-def _source_asset(project: Project, name: str, uri: str) -> Any:
-    @dg.observable_source_asset(
-        key=source_key(name),
-        group_name=SOURCES_GROUP,
-        description=f"Delta table {uri}; its data version is the Delta table version.",
-        metadata={"path": dg.MetadataValue.path(uri)},
-    )
-    def _observe() -> dg.ObserveResult:
-        version = SourceTable(name, uri).version()
-        return dg.ObserveResult(
-            data_version=dg.DataVersion(str(version)), metadata={"delta_version": version}
+def _uri(path: str) -> str:
+    """A table's location as a URI (``file://`` for a local path)."""
+    return path if "://" in path else Path(path).as_uri()
+
+
+def _table_metadata(uri: str) -> dict[str, Any]:
+    """What Dagster shows of any Delta table the engine writes."""
+    return {
+        "dagster/uri": dg.MetadataValue.url(_uri(uri)),
+        # No catalog registers the lake's tables: the name Spark SQL reads a path table by.
+        "dagster/table_name": f"delta.`{uri}`",
+        "dagster/storage_kind": "delta",
+    }
+
+
+SOURCES_OP = "ivm_sources"
+
+
+def _sources_asset(project: Project) -> dg.AssetsDefinition:
+    """Every source as an observable asset (one op observes those selected): its data
+    version is its Delta table's version, read without Spark."""
+    specs = [
+        dg.AssetSpec(
+            key=source_key(name),
+            group_name=SOURCES_GROUP,
+            kinds={"delta"},
+            description=f"Delta table {uri}; its data version is the Delta table version.",
+            metadata=_table_metadata(uri),
         )
+        for name, uri in project.sources.items()
+    ]
+
+    @dg.multi_observable_source_asset(name=SOURCES_OP, specs=specs, can_subset=True)
+    def _observe(context: dg.AssetExecutionContext) -> Iterator[dg.ObserveResult]:
+        for name, uri in project.sources.items():
+            if source_key(name) in context.selected_asset_keys:
+                version = SourceTable(name, uri).version()
+                yield dg.ObserveResult(
+                    asset_key=source_key(name),
+                    data_version=dg.DataVersion(str(version)),
+                    metadata={"delta_version": version},
+                )
 
     return _observe
 
 
-def _epoch_asset(project: Project, sources: Sequence[str]) -> dg.AssetsDefinition:
-    @dg.asset(
+def _epoch_spec(project: Project, condition: dg.AutomationCondition | None) -> dg.AssetSpec:
+    return dg.AssetSpec(
         key=EPOCH_KEY,
-        deps=[source_key(s) for s in sources],
-        group_name=VIEWS_GROUP,
-        pool=POOL,
+        deps=[source_key(s) for s in project.sources],
+        group_name=SOURCES_GROUP,
         kinds={"delta"},
         description=(
-            "Mints the next epoch: fixes, for every source, the Delta version range "
-            "(lower, upper] whose changes the views consume next."
+            "The epochs: for every source, the Delta version range (lower, upper] whose "
+            "changes the views consume. A run that refreshes views mints the next epoch "
+            "itself; materializing this asset alone mints it (and quarantines rows breaking "
+            "a source's contract) without refreshing any view."
         ),
+        metadata=_table_metadata(Inspector(project).layout.epochs),
+        automation_condition=condition,
+        skippable=True,
     )
-    def epoch(context: AssetExecutionContext, pyspark: LazyPySparkResource) -> dg.MaterializeResult:
-        # Spark only when some source has row checks (its quarantine is written here).
-        spark = pyspark.spark_session if project.contracts else None
-        engine = Engine(project, spark=spark, progress=context.log.info)
-        rebuilds = {v: r for v in engine.plan.order if (r := engine.rebuild_reason(v))}
-        if context.run.tags.get(FULL_REFRESH_TAG, "") == "true":
-            rebuilds.update({v: "full refresh requested" for v in engine.plan.order})
-        for view, reason in rebuilds.items():
-            context.log.info(f"view {view} will be rebuilt: {reason}")
-        record = engine.mint_epoch(force=bool(rebuilds))
-        current = engine.latest_epoch()
-        ranges = record.ranges if record else (engine.epochs()[-1].ranges if current else {})
-        table = "\n".join(
-            f"| {s} | {'-' if lo is None else lo} | {up} |" for s, (lo, up) in ranges.items()
-        )
-        quarantined: dict[str, Any] = {}
-        for q in engine.quarantine():
-            quarantined[f"quarantined {q.source}"] = q.rows
-            if q.example:
-                quarantined[f"quarantined {q.source}: example"] = q.describe()
-        return dg.MaterializeResult(
-            metadata={
-                **quarantined,
-                "epoch": current,
-                "minted": record is not None,
-                "ranges": dg.MetadataValue.md(
-                    f"| source | lower (exclusive) | upper |\n|---|---|---|\n{table}"
-                ),
-            },
-            data_version=dg.DataVersion(f"epoch-{current}"),
-        )
 
-    return epoch
+
+def _epoch_metadata(
+    engine: Engine, minted: EpochRecord | None, quarantined: Sequence[QuarantineResult]
+) -> dict[str, Any]:
+    current = engine.latest_epoch()
+    ranges = minted.ranges if minted else (engine.epochs()[-1].ranges if current else {})
+    out: dict[str, Any] = {
+        "epoch": current,
+        "minted": minted is not None,
+        "ranges": dg.MetadataValue.table(
+            records=[
+                dg.TableRecord({"source": s, "lower": -1 if lo is None else lo, "upper": up})
+                for s, (lo, up) in ranges.items()
+            ],
+            schema=dg.TableSchema(
+                columns=[
+                    dg.TableColumn("source", "string"),
+                    dg.TableColumn("lower", "int", description="exclusive; -1: from empty"),
+                    dg.TableColumn("upper", "int", description="inclusive"),
+                ]
+            ),
+        ),
+    }
+    for q in quarantined:
+        out[f"quarantined {q.source}"] = q.rows
+        if q.example:
+            out[f"quarantined {q.source}: example"] = q.describe()
+    return out
+
+
+def _column_schema(engine: Inspector, name: str) -> dg.TableSchema:
+    """The view's columns as its plan names them, with their types once its table exists."""
+    uri = engine.layout.view_table(name)
+    types: dict[str, str] = {}
+    if engine.table_epoch(uri):
+        types = {f.name: str(f.type) for f in engine.table_schema(uri)}
+    return dg.TableSchema(
+        columns=[dg.TableColumn(c, types.get(c, "unknown")) for c in engine.view(name).columns]
+    )
+
+
+def _collection_key(engine: Inspector, collection: str) -> dg.AssetKey:
+    return view_key(collection) if collection in engine.plan.views else source_key(collection)
+
+
+def _column_lineage(engine: Inspector, name: str) -> dg.TableColumnLineage:
+    """Each column's origins in the sources and views the view reads (from the plan)."""
+    origins = column_lineage(engine.view(name).root)
+    return dg.TableColumnLineage(
+        deps_by_column={
+            column: [
+                dg.TableColumnDep(_collection_key(engine, coll), c) for coll, c in sorted(deps)
+            ]
+            for column, deps in origins.items()
+            if deps
+        }
+    )
 
 
 def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, Any]:
@@ -124,41 +216,37 @@ def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, An
     )
     return {
         **result.metadata(),
+        **_table_metadata(table_uri),
         "dagster/row_count": status.rows or 0,
-        "dagster/table_name": table_uri,
         "dagster/column_schema": columns,
+        "dagster/column_lineage": _column_lineage(engine, name),
         "diff_log": dg.MetadataValue.path(engine.layout.view_log(name)),
         "explain": _md_code(engine.explain(name)),
     }
 
 
-def arrangement_key(name: str) -> dg.AssetKey:
-    return dg.AssetKey(["arrangements", name])
-
-
-def _collection_key(engine: Engine, collection: str) -> dg.AssetKey:
-    return view_key(collection) if collection in engine.plan.views else source_key(collection)
-
-
-def _arrangement_spec(engine: Engine, key: Any) -> dg.AssetSpec:
+def _arrangement_spec(
+    engine: Inspector, key: ArrangementKey, condition: dg.AutomationCondition | None
+) -> dg.AssetSpec:
     aplan = engine.plan.arrangements[key]
     return dg.AssetSpec(
-        key=arrangement_key(key.name),
-        deps=[_collection_key(engine, key.collection), EPOCH_KEY],
-        group_name=VIEWS_GROUP,
+        key=arrangement_key(key),
+        deps=[_collection_key(engine, key.collection)],
+        group_name=ARRANGEMENTS_GROUP,
         kinds={"spark", "delta"},
         description=(
             f"Shared arrangement of {key.kind} {key.collection} by ({', '.join(key.key)}), "
             f"holding [{', '.join(aplan.columns)}]; read by {', '.join(aplan.users)}."
         ),
-        metadata={"table": dg.MetadataValue.path(engine.arrangement_uri(key))},
+        metadata=_table_metadata(engine.arrangement_uri(key)),
+        automation_condition=condition,
         skippable=True,
     )
 
 
-def _arrangement_result(key: Any, status: dict[str, Any]) -> dg.MaterializeResult:
+def _arrangement_result(key: ArrangementKey, status: dict[str, Any]) -> dg.MaterializeResult:
     return dg.MaterializeResult(
-        asset_key=arrangement_key(key.name),
+        asset_key=arrangement_key(key),
         metadata={
             "epoch": status["epoch"],
             "dagster/row_count": status["rows"],
@@ -193,43 +281,59 @@ def _full_refresh(context: AssetExecutionContext, config: ViewRefreshConfig) -> 
 
 
 VIEWS_OP = "ivm_views"
-"""The op that refreshes views: one subsettable multi-asset, so a run refreshes its selected
-views side by side (``[refresh] parallelism``) in one Spark session."""
+"""The op that mints epochs and refreshes arrangements and views: one subsettable multi-asset,
+so a run refreshes its selected views side by side (``[refresh] parallelism``) in one Spark
+session."""
 
 
-def _view_spec(engine: Engine, name: str) -> dg.AssetSpec:
+def _view_spec(
+    engine: Inspector, name: str, condition: dg.AutomationCondition | None
+) -> dg.AssetSpec:
     plan = engine.plan.views[name]
     deps = [source_key(s) for s in plan.source_inputs]
     deps += [view_key(v) for v in plan.view_inputs]
-    deps += [arrangement_key(a.key.name) for a in engine.plan.arrangements_of(name)]
-    deps.append(EPOCH_KEY)
+    deps += [arrangement_key(a.key) for a in engine.plan.arrangements_of(name)]
     return dg.AssetSpec(
         key=view_key(name),
         deps=deps,
         group_name=VIEWS_GROUP,
         code_version=plan.sql_hash,
         kinds={"spark", "delta"},
-        description=f"View {name} ({plan.file}), maintained incrementally.",
+        description=f"View {name} ({Path(plan.file).name}), maintained incrementally.",
         metadata={
+            **_table_metadata(engine.layout.view_table(name)),
+            "dagster/column_schema": _column_schema(engine, name),
+            "dagster/column_lineage": _column_lineage(engine, name),
+            "dagster/code_references": dg.CodeReferencesMetadataValue(
+                code_references=[
+                    dg.LocalFileCodeReference(
+                        file_path=str(Path(plan.file).resolve()), line_number=1, label="SQL"
+                    )
+                ]
+            ),
             "sql": _md_code(plan.sql, "sql"),
             "explain": _md_code(engine.explain(name)),
-            "table": dg.MetadataValue.path(engine.layout.view_table(name)),
         },
+        automation_condition=condition,
         skippable=True,
     )
 
 
-def _views_asset(project: Project, engine: Engine) -> dg.AssetsDefinition:
-    """Every plannable view and shared arrangement as one subsettable multi-asset (as dbt
-    models are in dagster-dbt): Dagster shows one asset each with its lineage, and a run hands
-    the views it selected to :meth:`Engine.refresh`, which runs them side by side (each
-    arrangement written once, by the first view that needs it) and skips the readers of a
-    view that fails. The views that refreshed are materialized; then the step fails naming
-    the others. (Arrangements are in the same op: a view -> arrangement -> view chain across
-    two ops would split the run into sequential steps.)"""
+def _views_asset(
+    project: Project, engine: Inspector, condition: dg.AutomationCondition | None
+) -> dg.AssetsDefinition:
+    """The epoch, every plannable view and every shared arrangement as one subsettable
+    multi-asset (as dbt models are in dagster-dbt): Dagster shows one asset each with its
+    lineage, and a run hands the views it selected to :meth:`Engine.refresh`, which mints the
+    epoch and runs them side by side (each arrangement written once, by the first view that
+    needs it) and skips the readers of a view that fails. The views that refreshed are
+    materialized; then the step fails naming the others. (Arrangements and the epoch are in
+    the same op: a chain across ops would split the run into sequential steps, and the epoch
+    would need an edge to every view to be minted first.)"""
     arrangements = list(engine.plan.arrangements)
-    specs = [_arrangement_spec(engine, k) for k in arrangements]
-    specs += [_view_spec(engine, name) for name in engine.plan.order]
+    specs = [_epoch_spec(project, condition)]
+    specs += [_arrangement_spec(engine, k, condition) for k in arrangements]
+    specs += [_view_spec(engine, name, condition) for name in engine.plan.order]
     # Dagster takes a multi-asset's results in dependency order.
     order = list(
         TopologicalSorter({s.key: {d.asset_key for d in s.deps} for s in specs}).static_order()
@@ -240,25 +344,42 @@ def _views_asset(project: Project, engine: Engine) -> dg.AssetsDefinition:
         specs=specs,
         can_subset=True,
         pool=POOL,
-        description="Refreshes the selected views to the newest epoch, side by side.",
+        description="Mints the next epoch, refreshes the selected views side by side.",
     )
     def views(
         context: AssetExecutionContext, pyspark: LazyPySparkResource, config: ViewRefreshConfig
     ) -> Iterator[dg.MaterializeResult]:
-        check_spark(pyspark.spark_config)
-        run_engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        run_engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
         selected = context.selected_asset_keys
         names = [n for n in run_engine.plan.order if view_key(n) in selected]
-        chosen = [k for k in arrangements if arrangement_key(k.name) in selected]
+        chosen = [k for k in arrangements if arrangement_key(k) in selected]
         full = _full_refresh(context, config)
-        for name in names if full else []:
-            run_engine.epoch_for_rebuild(name)  # mints one new epoch at most
-        report = run_engine.refresh(names, mint=False, rebuild=full) if names else None
+        report, minted, quarantined = None, None, []
+        if names:  # mints the epoch (a new one for a rebuild), quarantines, refreshes
+            report = run_engine.refresh(names, rebuild=full)
+            minted, quarantined = report.minted, report.quarantined
+        elif EPOCH_KEY in selected:
+            minted = run_engine.mint_epoch(force=full)
+            quarantined = run_engine.quarantine()
         for key in chosen:  # those no selected view read are refreshed here
             run_engine.refresh_arrangement(key)
         crash_point("before_materialization")
+        results: dict[dg.AssetKey, dg.MaterializeResult] = {}
+        epoch_meta = _epoch_metadata(run_engine, minted, quarantined)
+        epoch_version = dg.DataVersion(f"epoch-{run_engine.latest_epoch()}")
+        if EPOCH_KEY in selected:
+            results[EPOCH_KEY] = dg.MaterializeResult(
+                asset_key=EPOCH_KEY, metadata=epoch_meta, data_version=epoch_version
+            )
+        elif minted is not None:  # minted for the views: recorded, though not selected
+            context.log_event(
+                dg.AssetMaterialization(
+                    EPOCH_KEY, metadata=epoch_meta, tags={DATA_VERSION_TAG: epoch_version.value}
+                )
+            )
         status = {a["arrangement"]: a for a in run_engine.arrangement_status()}
-        results = {arrangement_key(k.name): _arrangement_result(k, status[str(k)]) for k in chosen}
+        for k in chosen:
+            results[arrangement_key(k)] = _arrangement_result(k, status[str(k)])
         failed = []
         for result in report.views if report else []:
             if result.status in ("failed", "skipped"):
@@ -285,7 +406,6 @@ def _broken_view_asset(name: str, error: IvmError) -> dg.AssetsDefinition:
 
     @dg.asset(
         key=view_key(name),
-        deps=[EPOCH_KEY],
         group_name=VIEWS_GROUP,
         pool=POOL,
         kinds={"spark", "delta"},
@@ -298,60 +418,157 @@ def _broken_view_asset(name: str, error: IvmError) -> dg.AssetsDefinition:
     return view
 
 
-CHECK_NAME = "matches_from_scratch"
+CONSISTENT_CHECK = "consistent"
+FROM_SCRATCH_CHECK = "matches_from_scratch"
+CONSISTENCY_OP = "ivm_consistency"
+FROM_SCRATCH_OP = "ivm_from_scratch"
 
 
-def _verify_check(project: Project, name: str) -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset=view_key(name),
-        name=CHECK_NAME,
-        description=(
-            "Recomputes the view from scratch with Spark SQL at its epoch and compares it with "
-            "the view's diff log and table (multisets; floating-point columns within the "
-            "tolerance the result states, others exact); also: no negative multiplicity. "
-            "Repair with `ivm verify --repair`."
-        ),
+def _consistency_result(key: dg.AssetCheckKey, result: ConsistencyResult) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        asset_key=key.asset_key,
+        check_name=key.name,
+        passed=result.ok,
+        description=result.describe(),
+        metadata={
+            "epoch": result.epoch,
+            "table_epoch": result.table_epoch,
+            "table_rows": result.table_rows,
+            "log_rows": result.log_rows,
+            "negative_multiplicities": -1 if result.negative is None else result.negative,
+            "seconds": round(result.seconds, 3),
+        },
     )
-    def check(
-        context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
-    ) -> dg.AssetCheckResult:
-        check_spark(pyspark.spark_config)
-        engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
-        result = engine.verify(name)
-        return dg.AssetCheckResult(
-            passed=result.ok,
-            description=result.describe(),
-            metadata={
-                "epoch": result.epoch,
-                "rows_expected": result.expected_rows,
-                "rows_actual": result.actual_rows,
-                "rows_missing": result.missing,
-                "rows_extra": result.extra,
-                "negative_multiplicities": result.negative,
-                "examples": "; ".join(result.examples) or "-",
-                "seconds": round(result.seconds, 3),
-            },
-        )
 
-    return check
+
+def _consistency_checks(project: Project, names: Sequence[str]) -> dg.AssetChecksDefinition:
+    @dg.multi_asset_check(
+        name=CONSISTENCY_OP,
+        specs=[
+            dg.AssetCheckSpec(
+                CONSISTENT_CHECK,
+                asset=view_key(n),
+                blocking=False,
+                description=(
+                    "Cheap, no Spark: the readable table is at its diff log's epoch and holds "
+                    "as many rows as the log's diffs sum to, no row's summed diff is negative, "
+                    "and both have the plan's columns. Runs with every materialization."
+                ),
+            )
+            for n in names
+        ],
+        can_subset=True,
+        description="Each selected view's cheap consistency check (no Spark).",
+    )
+    def consistency(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
+        engine = Inspector(project)
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.path):
+            try:
+                result = engine.consistency(key.asset_key.path[-1])
+            except IvmError as e:  # not materialized yet: the check fails saying so
+                yield dg.AssetCheckResult(
+                    asset_key=key.asset_key, check_name=key.name, passed=False, description=str(e)
+                )
+                continue
+            yield _consistency_result(key, result)
+
+    return consistency
+
+
+def materializes_assets(context: dg.AssetCheckExecutionContext) -> bool:
+    """Whether the check's run materializes any asset (its selection, or its whole job's)."""
+    selection = context.run.asset_selection
+    if selection is not None:
+        return bool(selection)
+    return bool(context.job_def.asset_layer.executable_asset_keys)
+
+
+def _from_scratch_checks(project: Project, names: Sequence[str]) -> dg.AssetChecksDefinition:
+    @dg.multi_asset_check(
+        name=FROM_SCRATCH_OP,
+        specs=[
+            dg.AssetCheckSpec(
+                FROM_SCRATCH_CHECK,
+                asset=view_key(n),
+                description=(
+                    "Recomputes the view from scratch with Spark SQL at its epoch and compares "
+                    "it with the view's diff log and table (multisets; floating-point columns "
+                    "within the tolerance the result states, others exact); also: no negative "
+                    "multiplicity. Runs in the ivm_verify job (or launched alone), never with a "
+                    "materialization. Repair with `ivm verify --repair`."
+                ),
+            )
+            for n in names
+        ],
+        can_subset=True,
+        description="Each selected view recomputed from scratch and compared (ivm verify).",
+    )
+    def from_scratch(
+        context: dg.AssetCheckExecutionContext, pyspark: LazyPySparkResource
+    ) -> Iterator[dg.AssetCheckResult]:
+        if materializes_assets(context):  # "Materialize all" selects every check of the assets
+            context.log.info(
+                "from-scratch checks not run: this run materializes assets; they run in the "
+                "ivm_verify job or when launched alone"
+            )
+            return
+        engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
+        for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.path):
+            result = engine.verify(key.asset_key.path[-1])
+            yield dg.AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=result.ok,
+                description=result.describe(),
+                metadata={
+                    "epoch": result.epoch,
+                    "rows_expected": result.expected_rows,
+                    "rows_actual": result.actual_rows,
+                    "rows_missing": result.missing,
+                    "rows_extra": result.extra,
+                    "negative_multiplicities": result.negative,
+                    "examples": "; ".join(result.examples) or "-",
+                    "seconds": round(result.seconds, 3),
+                },
+            )
+
+    return from_scratch
 
 
 def build_asset_checks(project: Project) -> list[dg.AssetChecksDefinition]:
-    """One from-scratch check per view (the ``verify`` command as an asset check)."""
-    engine = Engine(project)
-    return [_verify_check(project, name) for name in engine.plan.order]
+    """Two multi-asset checks over every view: ``consistent`` (cheap, with every
+    materialization) and ``matches_from_scratch`` (``ivm verify``; in the verify job)."""
+    names = list(Inspector(project).plan.order)
+    if not names:
+        return []
+    return [_consistency_checks(project, names), _from_scratch_checks(project, names)]
+
+
+def automation_condition(project: Project) -> dg.AutomationCondition | None:
+    """The condition of the epoch, arrangements and views (``[dagster] automation``):
+    ``eager`` requests them when an input was updated (a source observed at a new version, an
+    upstream asset materialized), ``on_cron`` after each cron tick once all their inputs were
+    updated since it; either also when a view's SQL changed (its code version). None for
+    ``none``."""
+    if project.automation == "none":
+        return None
+    changed = dg.AutomationCondition.code_version_changed()
+    if project.automation == "on_cron":
+        return (dg.AutomationCondition.on_cron(project.automation_cron) | changed).with_label(
+            f"on_cron({project.automation_cron}) or its SQL changed"
+        )
+    return (dg.AutomationCondition.eager() | changed).with_label("eager or its SQL changed")
 
 
 def build_assets(project: Project) -> list[Any]:
-    """Every asset of a project: sources, the epoch, and views in refresh order.
+    """Every asset of a project: sources, the epoch, arrangements and views, the last three
+    with the project's :func:`automation_condition`.
 
     Raises:
         IvmError: the project cannot be planned (its message names the file and position).
     """
-    engine = Engine(project)
-    assets: list[Any] = [_source_asset(project, name, uri) for name, uri in project.sources.items()]
-    assets.append(_epoch_asset(project, list(project.sources)))
-    if engine.plan.order:
-        assets.append(_views_asset(project, engine))
+    engine = Inspector(project)
+    assets: list[Any] = [_sources_asset(project)] if project.sources else []
+    assets.append(_views_asset(project, engine, automation_condition(project)))
     assets.extend(_broken_view_asset(n, e) for n, e in sorted(engine.plan.broken.items()))
     return assets

@@ -1,28 +1,35 @@
-"""Jobs: refresh, verify and compact. Each runs in one process so its steps share one Spark
-session."""
+"""Jobs: refresh, verify and compact. Each runs in one process (as every run of the location
+does: the Definitions' executor) so its steps share one Spark session."""
+
+from collections.abc import Sequence
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
-from assets.views import POOL, VIEWS_GROUP
+from assets.views import ARRANGEMENTS_GROUP, EPOCH_KEY, POOL, VIEWS_GROUP, spark_factory
 from engine.compact import compact, storage_report
 from engine.facade import Engine
 from ivm.config import Project
-from resources.spark import check_spark
 
 REFRESH_JOB = "ivm_refresh"
 
 
-def refresh_job() -> "dg.UnresolvedAssetJobDefinition":
-    """Mint an epoch and bring every view to it (the epoch asset and all view assets).
+def refresh_job(
+    checks: Sequence[dg.AssetChecksDefinition] = (),
+) -> "dg.UnresolvedAssetJobDefinition":
+    """Mint an epoch and bring every view to it (the epoch, arrangement and view assets), with
+    ``checks`` (the cheap ones).
 
     Without the from-scratch checks: they recompute every view, which is what a refresh
     avoids; they run in :func:`verify_job` (or on demand in the UI).
     """
+    assets = dg.AssetSelection.assets(EPOCH_KEY) | dg.AssetSelection.groups(
+        ARRANGEMENTS_GROUP, VIEWS_GROUP
+    )
     return dg.define_asset_job(
         REFRESH_JOB,
-        selection=dg.AssetSelection.groups(VIEWS_GROUP).without_checks(),
+        selection=assets.without_checks() | dg.AssetSelection.checks(*checks),
         executor_def=dg.in_process_executor,
         description="One epoch: mint it from the sources' new versions, refresh every view.",
     )
@@ -32,7 +39,8 @@ VERIFY_JOB = "ivm_verify"
 
 
 def verify_job() -> "dg.UnresolvedAssetJobDefinition":
-    """Run every view's from-scratch check (``ivm verify`` as a job)."""
+    """Run every view's checks, the from-scratch one among them (``ivm verify`` as a job):
+    a run that materializes nothing, so the from-scratch checks compute."""
     return dg.define_asset_job(
         VERIFY_JOB,
         selection=dg.AssetSelection.all_asset_checks(),
@@ -51,6 +59,18 @@ class CompactConfig(dg.Config):
     )
 
 
+STORAGE_COLUMNS = {
+    "what": "string",
+    "rows": "int",
+    "stored_bytes": "int",
+    "raw_bytes": "int",
+    "stored_per_row": "float",
+    "raw_per_row": "float",
+    "ratio": "float",
+}
+"""The columns of the compaction's storage report (:func:`engine.compact.storage_report`)."""
+
+
 def compact_job(project: Project) -> dg.JobDefinition:
     """Maintenance: ``ivm compact`` (advance since, consolidate, optimize, vacuum) as a job,
     in the lake's pool so it never runs beside a refresh."""
@@ -59,25 +79,21 @@ def compact_job(project: Project) -> dg.JobDefinition:
     def compact_lake(
         context: dg.OpExecutionContext, pyspark: LazyPySparkResource, config: CompactConfig
     ) -> dg.Output[None]:
-        check_spark(pyspark.spark_config)
-        engine = Engine(project, spark=pyspark.spark_session, progress=context.log.info)
+        engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
         report = compact(engine, retention_hours=config.retention_hours)
         totals = report.totals()
         storage = storage_report(engine)
-        table = "\n".join(
-            f"| {s['what']} | {s['rows']} | {s['stored_per_row']} | {s['raw_per_row']} | "
-            f"{s['ratio']} |"
-            for s in storage
-        )
         return dg.Output(
             None,
             metadata={
                 **totals,
                 "files_vacuumed": report.files_vacuumed,
                 "seconds": round(report.seconds, 3),
-                "storage": dg.MetadataValue.md(
-                    "| what | rows | stored B/row | raw B/row | ratio |\n|---|---|---|---|---|\n"
-                    + table
+                "storage": dg.MetadataValue.table(
+                    records=[dg.TableRecord({k: s[k] for k in STORAGE_COLUMNS}) for s in storage],
+                    schema=dg.TableSchema(
+                        columns=[dg.TableColumn(k, t) for k, t in STORAGE_COLUMNS.items()]
+                    ),
                 ),
             },
         )

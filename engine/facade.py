@@ -12,7 +12,7 @@ sources at the versions of epoch ``e``, and the readable table holds exactly tho
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 from pyspark.sql import DataFrame, SparkSession
@@ -43,7 +43,9 @@ class Engine(Inspector):
 
     Args:
         project: the loaded project (or a path to its ``ivm.toml``).
-        spark: the Spark session to compute with; created on first need if None.
+        spark: the Spark session to compute with, or a factory called on first need (a
+            Dagster resource's session, started only if some step needs Spark); the
+            project's own session, created on first need, if None.
         progress: called with a one-line message as work proceeds.
         measure_lookups: record the rows Spark's scans actually read in each arrangement
             lookup (an extra pass per lookup: for benchmarks and notes).
@@ -54,7 +56,7 @@ class Engine(Inspector):
     def __init__(
         self,
         project: Project | str,
-        spark: SparkSession | None = None,
+        spark: SparkSession | Callable[[], SparkSession] | None = None,
         progress: Progress | None = None,
         *,
         measure_lookups: bool = False,

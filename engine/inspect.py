@@ -16,7 +16,7 @@ import pyarrow as pa
 from engine.catalog import Catalog, Progress
 from engine.definitions import Definitions
 from engine.maintenance import Maintenance
-from engine.results import ViewStatus
+from engine.results import ConsistencyResult, ViewStatus
 from ivm import policy as policies
 from ivm.config import Project
 from ivm.errors import IvmError
@@ -124,6 +124,11 @@ class Inspector:
 
     def read_view(self, name: str) -> pa.Table:
         return self.maintenance.read_view(name)
+
+    def consistency(self, name: str) -> ConsistencyResult:
+        """The view's cheap consistency check: no Spark, no SQL evaluated (see
+        :meth:`engine.maintenance.Maintenance.consistency`)."""
+        return self.maintenance.consistency(name)
 
     def status(self) -> dict[str, Any]:
         return self.maintenance.status()

@@ -1,21 +1,42 @@
-"""Reading and tending the lake without Spark: each view's status and rows, the whole project's
-status, the tables the engine writes, and vacuum (deleting files no recent version needs).
+"""Reading and tending the lake without Spark: each view's status and rows, its cheap
+consistency check, the whole project's status, the tables the engine writes, and vacuum
+(deleting files no recent version needs).
 
 Contract in ``(data, time, diff)`` terms: none of these change any table's contents; vacuum
-removes only files that no table version within the retention references.
+removes only files that no table version within the retention references. A view is
+consistent (:meth:`Maintenance.consistency`) when its readable table is at its log's epoch
+``e``, holds as many rows as the log's diffs with ``time <= e`` sum to, no row's summed diff is
+negative, and both tables have the plan's columns: what a refresh must leave, checked without
+evaluating the view's SQL (``verify`` does that, with Spark).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from engine.catalog import Catalog
-from engine.results import ViewStatus
+from engine.results import ConsistencyResult, ViewStatus
+from ivm import policy
 from ivm.errors import IvmError, SourceError
 from ivm.plan.reduce import state_tables
-from resources.lake import SourceTable, last_commit_metadata, open_for_write, open_table
+from resources.lake import (
+    FileStats,
+    SourceTable,
+    last_commit_metadata,
+    local_path,
+    open_for_write,
+    open_table,
+    table_file_stats,
+    table_files,
+)
+
+TIME, DIFF = "_time", "_diff"
+"""A diff log's time and diff columns (``ops.TIME``, ``ops.DIFF``; ``ops`` imports Spark)."""
 
 
 class Maintenance:
@@ -34,6 +55,51 @@ class Maintenance:
             rows = int(sum(r or 0 for r in actions.column("num_records").to_pylist()))
         log_epoch = cat.table_epoch(cat.layout.view_log(name))
         return ViewStatus(name, log_epoch, cat.table_epoch(table), rows)
+
+    def consistency(self, name: str, *, max_bytes: int | None = None) -> ConsistencyResult:
+        """The view's cheap consistency (see the module): row counts from the Delta logs'
+        statistics, the diff log's ``_time`` and ``_diff`` read and summed, and its rows summed
+        per distinct row to count negative multiplicities while they fit in ``max_bytes``
+        (default: the policy's ``keep_feed_bytes``; beyond it they are not counted, and the
+        result notes so). No Spark, no SQL evaluated.
+
+        Raises:
+            IvmError: the view has not been materialized yet.
+        """
+        cat = self.catalog
+        started = time.perf_counter()
+        plan = cat.view(name)
+        table_uri, log_uri = cat.layout.view_table(name), cat.layout.view_log(name)
+        epoch, table_epoch = cat.table_epoch(log_uri), cat.table_epoch(table_uri)
+        if epoch == 0 or table_epoch == 0:
+            raise IvmError(f"view {name!r} has not been materialized yet: nothing to check")
+        result = ConsistencyResult(name, epoch, table_epoch, columns=tuple(plan.columns))
+        result.table_columns = tuple(cat.table_schema(table_uri).names)
+        log_schema = cat.table_schema(log_uri)
+        result.log_columns = tuple(n for n in log_schema.names if n not in (TIME, DIFF))
+        result.table_rows = sum(
+            f.num_records
+            if f.num_records is not None
+            else pq.ParquetFile(local_path(f.uri)).metadata.num_rows
+            for f in table_files(table_uri)
+        )
+        files = [
+            fs
+            for fs in table_file_stats(log_uri, [TIME])
+            if fs.mins.get(TIME) is None or fs.mins[TIME] <= table_epoch
+        ]
+        result.log_rows = sum(
+            int(pc.sum(_log_rows(fs, [], table_epoch).column(DIFF)).as_py() or 0) for fs in files
+        )
+        limit = policy.current().keep_feed_bytes if max_bytes is None else max_bytes
+        result.negative = _negative_rows(files, result.log_columns, log_schema, table_epoch, limit)
+        if result.negative is None:
+            result.notes.append(
+                f"negative multiplicities not counted: the log holds more than {limit} bytes "
+                "or a nested column (ivm verify counts them)"
+            )
+        result.seconds = time.perf_counter() - started
+        return result
 
     def read_view(self, name: str) -> pa.Table:
         """The view's current rows, read with delta-rs (no Spark)."""
@@ -139,3 +205,29 @@ class Maintenance:
                 }
             )
         return out
+
+
+def _log_rows(fs: FileStats, columns: list[str], until: int) -> pa.Table:
+    """A diff-log file's ``(columns..., _diff)`` with ``_time <= until``."""
+    rows = pq.read_table(local_path(fs.file.uri), columns=[*columns, TIME, DIFF])
+    return rows.filter(pc.less_equal(rows.column(TIME), until)).select([*columns, DIFF])
+
+
+def _negative_rows(
+    files: list[FileStats], columns: tuple[str, ...], schema: pa.Schema, until: int, limit: int
+) -> int | None:
+    """How many distinct rows of a diff log sum to a negative diff up to ``until``; None when
+    the rows hold more than ``limit`` bytes or a column Arrow cannot group by (nested)."""
+    if any(pa.types.is_nested(schema.field(c).type) for c in columns):
+        return None
+    parts, held = [], 0
+    for fs in files:
+        parts.append(_log_rows(fs, list(columns), until))
+        held += parts[-1].nbytes
+        if held > limit:
+            return None
+    if not parts:
+        return 0
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    sums = rows.group_by(list(columns), use_threads=False).aggregate([(DIFF, "sum")])
+    return int(pc.sum(pc.less(sums.column(f"{DIFF}_sum"), 0)).as_py() or 0)

@@ -150,3 +150,48 @@ class ViewStatus:
     log_epoch: int
     table_epoch: int
     rows: int | None
+
+
+@dataclass
+class ConsistencyResult:
+    """A view's cheap self-consistency, read from its tables without Spark and without
+    evaluating its SQL (:meth:`engine.maintenance.Maintenance.consistency`): its readable table
+    at its log's epoch, holding as many rows as the log's updates sum to, no row with a
+    negative multiplicity, and the plan's columns."""
+
+    view: str
+    epoch: int  # the diff log's
+    table_epoch: int
+    table_rows: int = 0
+    log_rows: int = 0  # the log's diffs summed up to the table's epoch
+    negative: int | None = None  # rows whose summed diff is negative; None: not counted
+    columns: tuple[str, ...] = ()  # the plan's
+    table_columns: tuple[str, ...] = ()
+    log_columns: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if self.table_epoch != self.epoch:
+            out.append(f"table at epoch {self.table_epoch}, its log at {self.epoch}: refresh")
+        if self.table_rows != self.log_rows:
+            out.append(f"table has {self.table_rows} rows, its log sums to {self.log_rows}")
+        if self.negative:
+            out.append(f"{self.negative} rows with a negative multiplicity in its log")
+        if self.table_columns != self.columns:
+            out.append(f"table columns {list(self.table_columns)} are not {list(self.columns)}")
+        if self.log_columns != self.columns:
+            out.append(f"log columns {list(self.log_columns)} are not {list(self.columns)}")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        notes = f" ({'; '.join(self.notes)})" if self.notes else ""
+        if self.ok:
+            return f"{self.view}: consistent at epoch {self.epoch} ({self.table_rows} rows){notes}"
+        return f"{self.view}: INCONSISTENT at epoch {self.epoch}: {'; '.join(self.problems)}{notes}"

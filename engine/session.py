@@ -1,11 +1,13 @@
-"""The engine's Spark session: started on first need (planning and status run none), shared by
-the threads of one refresh, each thread's jobs labelled by a job group (the Spark UI lists a
-view's jobs under its name, and its result counts them)."""
+"""The engine's Spark session: started on first need (planning and status run none, nor does a
+refresh that finds nothing to compute), shared by the threads of one refresh, each thread's
+jobs labelled by a job group (the Spark UI lists a view's jobs under its name, and its result
+counts them). The session is the one given, or one a given factory builds on first need (a
+Dagster resource's), or the project's own."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,12 +20,17 @@ from resources.spark import JobGroup, describe_session, get_spark, release, rele
 class Session:
     """The Spark session of one engine, and its threads' job groups."""
 
-    def __init__(self, catalog: Catalog, spark: SparkSession | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        spark: SparkSession | Callable[[], SparkSession] | None = None,
+    ) -> None:
         self._catalog = catalog
-        self._spark = spark
+        self._factory = None if spark is None or isinstance(spark, SparkSession) else spark
+        self._spark = spark if isinstance(spark, SparkSession) else None
         self._announced = False  # progress says once where Spark computes
-        if spark is not None:
-            release_at_exit(spark)  # a Spark Connect session: released on its server at exit
+        if self._spark is not None:
+            release_at_exit(self._spark)  # a Spark Connect session: released on its server at exit
         self._lock = threading.Lock()
         self.thread = threading.local()
         """Per thread: ``group``, the JobGroup its jobs go to; ``found``, what the driver
@@ -32,7 +39,10 @@ class Session:
     @property
     def spark(self) -> SparkSession:
         with self._lock:  # views refreshed at once start it once
-            if self._spark is None:
+            if self._spark is None and self._factory is not None:
+                self._spark = self._factory()
+                release_at_exit(self._spark)
+            elif self._spark is None:
                 self._spark = get_spark(self._catalog.project.spark_conf)
             if not self._announced:
                 self._announced = True

@@ -29,7 +29,13 @@ CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh", "policy"}
+_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh", "policy", "dagster"}
+
+AUTOMATIONS = ("eager", "on_cron", "none")
+"""How Dagster keeps views fresh (``[dagster] automation``): refresh when an input changed,
+after each tick of ``[dagster] cron``, or only when asked (a run, the sensor, a schedule)."""
+
+DEFAULT_AUTOMATION_CRON = "0 * * * *"
 
 DEFAULT_PARALLELISM = 4
 """Views refreshed at once when ``[refresh] parallelism`` is not set."""
@@ -69,6 +75,9 @@ class Project:
         policy: the execution policy of the optional ``[policy]`` table
             (:class:`ivm.policy.Policy`: the thresholds that choose between the driver's and
             Spark's paths), put in force by the engine; None: the process's.
+        automation: the automation condition the Dagster location gives the epoch,
+            arrangements and views (``[dagster] automation``, one of :data:`AUTOMATIONS`).
+        automation_cron: the cron schedule of ``on_cron`` (``[dagster] cron``).
     """
 
     root: Path
@@ -82,6 +91,8 @@ class Project:
     recompute_above: float = DEFAULT_RECOMPUTE_ABOVE
     cache_mb: int | None = None
     policy: Policy | None = None
+    automation: str = "eager"
+    automation_cron: str = DEFAULT_AUTOMATION_CRON
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -158,6 +169,7 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
     parallelism, recompute_above, cache_mb = _refresh_settings(file, data.get("refresh", {}))
+    automation, automation_cron = _dagster_settings(file, data.get("dagster", {}))
     policy = data.get("policy", {})
     if not isinstance(policy, dict):
         raise ConfigError(f"{file}: [policy] must be a table of policy settings")
@@ -173,7 +185,35 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         recompute_above=recompute_above,
         cache_mb=cache_mb,
         policy=Policy.from_config(policy, f"{file}: [policy]") if "policy" in data else None,
+        automation=automation,
+        automation_cron=automation_cron,
     )
+
+
+def _dagster_settings(file: Path, table: object) -> tuple[str, str]:
+    """``[dagster]``'s automation and cron, checked."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: [dagster] must be a table (automation = ..., cron = ...)")
+    unknown = sorted(set(table) - {"automation", "cron"})
+    if unknown:
+        raise ConfigError(
+            f"{file}: [dagster] has unknown key {unknown[0]!r} (expected automation, cron)"
+        )
+    automation = table.get("automation", "eager")
+    if automation not in AUTOMATIONS:
+        raise ConfigError(
+            f"{file}: [dagster] automation must be one of {', '.join(AUTOMATIONS)}, "
+            f"not {automation!r}"
+        )
+    cron = table.get("cron", DEFAULT_AUTOMATION_CRON)
+    if not isinstance(cron, str) or len(cron.split()) != 5:
+        raise ConfigError(
+            f"{file}: [dagster] cron must be a cron schedule of five fields "
+            f'(e.g. "0 * * * *"), not {cron!r}'
+        )
+    if "cron" in table and automation != "on_cron":
+        raise ConfigError(f'{file}: [dagster] cron is used only with automation = "on_cron"')
+    return automation, cron
 
 
 def _refresh_settings(file: Path, refresh: object) -> tuple[int, float, int | None]:

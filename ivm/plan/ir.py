@@ -492,6 +492,55 @@ def collections(node: Node) -> list[Get]:
     return out
 
 
+Origin = tuple[str, str]
+"""A collection's column: ``(collection, column)``."""
+
+
+def column_lineage(node: Node) -> dict[str, frozenset[Origin]]:
+    """For each output column of ``node``, the collections' columns its values are computed
+    from: a column passed through or computed by an expression, a group key, an aggregate's
+    argument (``COUNT(*)``: none), a union's or set operation's columns at the same position,
+    a row number's partition and order columns. Exact for what the plan holds; columns that
+    only filter, join or group rows are not origins of any value."""
+    if isinstance(node, Get):
+        return {c: frozenset({(node.collection, c)}) for c in node.columns}
+    if isinstance(node, Join | SemiJoin):
+        inputs = node.inputs if isinstance(node, Join) else (node.input,)
+        return {
+            name: frozenset((inp.get.collection, c) for c in referenced_columns(e))
+            for inp in inputs
+            for name, e in inp.outputs
+        }
+    if isinstance(node, Filter):
+        return column_lineage(node.input)
+    if isinstance(node, Project):
+        below = column_lineage(node.input)
+        return {
+            name: frozenset().union(*(below[c] for c in referenced_columns(e)))
+            for name, e in node.outputs
+        }
+    if isinstance(node, UnionAll | SetOp):
+        branches = [column_lineage(b) for b in node.inputs]
+        return {
+            name: frozenset().union(
+                *(b[bn.columns[i]] for b, bn in zip(branches, node.inputs, strict=True))
+            )
+            for i, name in enumerate(node.columns)
+        }
+    if isinstance(node, Reduce):
+        below = column_lineage(node.input)
+        out = {k: below[k] for k in node.keys}
+        for a in node.aggregates:
+            out[a.name] = frozenset().union(*(below[c] for c in sorted(a.reads)))
+        return out
+    below = column_lineage(node.input)  # TopK
+    out = dict(below)
+    if node.rank is not None:
+        ranked = {*node.partition, *(o[0] for o in node.order)}
+        out[node.rank] = frozenset().union(*(below[c] for c in sorted(ranked)))
+    return out
+
+
 def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
     """Push column demand down to the ``Get`` nodes (projection pushdown).
 
