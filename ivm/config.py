@@ -21,6 +21,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ivm.errors import ConfigError
 from ivm.policy import Policy
@@ -106,6 +107,34 @@ def _resolve(root: Path, value: str) -> str:
     return str(path if path.is_absolute() else (root / path).resolve())
 
 
+def _sources_and_contracts(
+    file: Path, root: Path, data: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``[sources]`` (name -> resolved path) and ``[contracts]`` (source -> ``file.py:Schema``),
+    checked."""
+    raw_sources = data.get("sources", {})
+    if not isinstance(raw_sources, dict):
+        raise ConfigError(f'{file}: [sources] must be a table of name = "path"')
+    sources: dict[str, str] = {}
+    for name, value in raw_sources.items():
+        if not _NAME.match(name):
+            raise ConfigError(f"{file}: source name {name!r} is not a valid SQL identifier")
+        if not isinstance(value, str):
+            raise ConfigError(f"{file}: source {name!r} must be a path string")
+        sources[name.lower()] = _resolve(root, value)
+    raw_contracts = data.get("contracts", {})
+    if not isinstance(raw_contracts, dict):
+        raise ConfigError(f'{file}: [contracts] must be a table of source = "file.py:Schema"')
+    contracts: dict[str, str] = {}
+    for name, value in raw_contracts.items():
+        if name.lower() not in sources:
+            raise ConfigError(f"{file}: [contracts] names {name!r}, which is not a source")
+        if not isinstance(value, str):
+            raise ConfigError(f'{file}: contract of {name!r} must be "file.py:Schema"')
+        contracts[name.lower()] = value
+    return sources, contracts
+
+
 def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     """Load and validate a project.
 
@@ -145,26 +174,7 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     views_dir = Path(_resolve(root, data.get("views", "views")))
     if not views_dir.is_dir():
         raise ConfigError(f"{file}: views folder {str(views_dir)!r} does not exist")
-    raw_sources = data.get("sources", {})
-    if not isinstance(raw_sources, dict):
-        raise ConfigError(f'{file}: [sources] must be a table of name = "path"')
-    sources: dict[str, str] = {}
-    for name, value in raw_sources.items():
-        if not _NAME.match(name):
-            raise ConfigError(f"{file}: source name {name!r} is not a valid SQL identifier")
-        if not isinstance(value, str):
-            raise ConfigError(f"{file}: source {name!r} must be a path string")
-        sources[name.lower()] = _resolve(root, value)
-    raw_contracts = data.get("contracts", {})
-    if not isinstance(raw_contracts, dict):
-        raise ConfigError(f'{file}: [contracts] must be a table of source = "file.py:Schema"')
-    contracts: dict[str, str] = {}
-    for name, value in raw_contracts.items():
-        if name.lower() not in sources:
-            raise ConfigError(f"{file}: [contracts] names {name!r}, which is not a source")
-        if not isinstance(value, str):
-            raise ConfigError(f'{file}: contract of {name!r} must be "file.py:Schema"')
-        contracts[name.lower()] = value
+    sources, contracts = _sources_and_contracts(file, root, data)
     spark_conf = data.get("spark", {})
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
