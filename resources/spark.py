@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ivm.errors import IvmError
+from resources.delta import delta_settings, ensure_jars, jars_dir
 
 # PySpark (and its Py4J) is imported inside the functions that start or use a session: every
 # `ivm` command imports this module, `show`, `explain` and `status` never start Spark, and
@@ -129,6 +130,7 @@ def archive_path(conf: Mapping[str, str] | None = None) -> Path | None:
     st = os.stat(real)
     parts = [real, str(st.st_size), str(st.st_mtime_ns), pyspark.__version__]
     parts += [f"{k}={(conf or {}).get(k, '')}" for k in CLASS_PATH_SETTINGS]
+    parts.append(f"delta={jars_dir()}")
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return folder / f"spark-{pyspark.__version__}-{digest}.jsa"
 
@@ -206,6 +208,12 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
         "spark.driver.extraJavaOptions": _driver_java_options(overrides),
     }
     conf.update(overrides or {})
+    if remote_url(overrides) is None:
+        # Delta's reader and writer (delta-spark): its jars (fetched on first use), SQL
+        # extension and catalog; a project's own jars and extensions join Delta's.
+        for key, value in delta_settings().items():
+            theirs = [v for v in conf.get(key, "").split(",") if v] if key in _LISTS else []
+            conf[key] = ",".join([value, *(v for v in theirs if v not in value.split(","))])
     if conf["spark.master"].startswith("local") and "spark.pyspark.python" not in conf:
         # Python workers (exact floating-point results, ops.reduce.floatsum) run this interpreter,
         # which has PySpark, rather than whatever `python3` the PATH finds.
@@ -221,7 +229,16 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     return conf
 
 
-_STATIC_SQL = frozenset({"spark.sql.codegen.cache.maxEntries"})
+_LISTS = ("spark.jars", "spark.sql.extensions")
+"""Comma-separated settings where a project's values join Delta's instead of replacing them."""
+
+_STATIC_SQL = frozenset(
+    {
+        "spark.sql.codegen.cache.maxEntries",
+        "spark.sql.extensions",
+        "spark.sql.catalog.spark_catalog",
+    }
+)
 """Settings of :func:`spark_conf` fixed when the JVM starts (a client cannot set them)."""
 
 
@@ -236,15 +253,18 @@ def _driver_java_options(overrides: Mapping[str, str] | None) -> str:
 
 def check_spark(conf: Mapping[str, str] | None = None) -> None:
     """Before a session is built from ``conf`` (e.g. by dagster-pyspark's resource): Java 17+
-    for a JVM of this process, or, with ``spark.remote``, a server that answers.
+    and Delta's jars (fetched on first use) for a JVM of this process, or, with
+    ``spark.remote``, a server that answers.
 
     Raises:
         JavaMissingError: no Java 17+ (classic only).
+        DeltaJarsError: Delta's jars are missing and Maven cannot fetch them (classic only).
         SparkConnectError: the Spark Connect server does not answer.
     """
     url = remote_url(conf)
     if url is None:
         check_java()
+        ensure_jars()
     else:
         _check_reachable(url)
 
