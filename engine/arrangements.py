@@ -216,13 +216,16 @@ class Arrangements:
     ) -> CommitResult | None:
         """Build ``key``'s arrangement from its source's snapshot at ``epoch`` by the driver
         (:func:`ops.arrange.build_by_driver`), or None: a contract to check (Spark evaluates
-        it), a partition column among the arrangement's, or what that function declines."""
+        it), a partition column among the arrangement's, a table only Delta's reader reads (column
+        mapping, deletion vectors), or what that function declines."""
         cat = self.catalog
         source = cat.sources[key.collection]
         columns = cat.plan.arrangements[key].columns
         version = cat.epoch_map()[epoch].ranges[key.collection][1]
         partitioned = {c.lower() for c in source.partition_columns(version)}
         if cat.contract_predicate(key.collection) is not None or partitioned & set(columns):
+            return None
+        if source.needs_delta_reader(version) is not None:  # its files are not its rows
             return None
         files = source.files(version)
         # The types Spark's read of the snapshot gives (a plan, no job), as its build has.

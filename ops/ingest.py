@@ -30,6 +30,7 @@ from functools import reduce
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -44,6 +45,7 @@ from resources.lake import (
     FileStats,
     SourceTable,
     count_driver_read,
+    feed_updates,
     key_ordered,
     local_path,
     table_file_stats,
@@ -127,6 +129,34 @@ def _lower_names(df: DataFrame) -> DataFrame:
     return df.select(*[F.col(f"`{c}`").alias(c.lower()) for c in df.columns])
 
 
+def delta_snapshot(spark: SparkSession, source: SourceTable, version: int) -> DataFrame:
+    """The source at ``version`` as delta-spark reads it (deletion vectors applied, columns by
+    their logical names)."""
+    return spark.read.format("delta").option("versionAsOf", version).load(source.uri)
+
+
+def delta_feed(spark: SparkSession, source: SourceTable, lower: int, upper: int) -> pa.Table:
+    """The Change Data Feed of ``(lower, upper]`` as delta-spark reads it (any table feature;
+    one Spark job), as :func:`resources.lake.feed_updates` (for what delta-rs's feed refuses:
+    column mapping)."""
+    try:
+        raw = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", lower + 1)
+            .option("endingVersion", upper)
+            .load(source.uri)
+            .toArrow()
+        )
+    except AnalysisException as e:
+        raise ChangeFeedError(
+            f"source {source.name!r} ({source.uri}): Delta cannot read the change data of "
+            f"versions {lower + 1}..{upper}: {str(e).strip().splitlines()[0]}; rebuild the views "
+            "that read it from its current state with `ivm refresh --rebuild`"
+        ) from e
+    return feed_updates(raw)
+
+
 def source_snapshot(
     spark: SparkSession,
     source: SourceTable,
@@ -135,9 +165,15 @@ def source_snapshot(
     files: Sequence[DataFile] | None = None,
 ) -> DataFrame:
     """The source's contents at ``version`` as ``+1`` updates at ``epoch`` (``files``: that
-    version's files, when the caller has them)."""
-    files = source.files(version) if files is None else files
-    df = read_files(spark, files, source.arrow_schema(version), source.partition_columns(version))
+    version's files, when the caller has them): its Parquet files read directly, or, for a
+    table whose files are not its rows (:meth:`~resources.lake.SourceTable.needs_delta_reader`:
+    column mapping, deletion vectors), Delta's own reader (delta-spark) at that version."""
+    schema = source.arrow_schema(version)
+    if source.needs_delta_reader(version) is not None:
+        df = delta_snapshot(spark, source, version).select(*[f"`{c}`" for c in schema.names])
+    else:
+        files = source.files(version) if files is None else files
+        df = read_files(spark, files, schema, source.partition_columns(version))
     return (
         _lower_names(df)
         .withColumn(TIME, F.lit(epoch).cast("bigint"))
@@ -159,6 +195,8 @@ def source_snapshot_in_order(
     sampling pass and shuffle.
     """
     if column in {c.lower() for c in source.partition_columns(version)}:
+        return None
+    if source.needs_delta_reader(version) is not None:
         return None
     files = source.files(version)
     if not files or len(files) > current().ordered_max_files:
@@ -349,7 +387,11 @@ def source_changes(
             ),
             appended=(added, schema, partitions),
         )
-    changes = source.changes(lower, upper).drop_columns(["_commit_version"])
+    if source.column_mapping(upper) is not None:
+        changes = delta_feed(spark, source, lower, upper)
+    else:
+        changes = source.changes(lower, upper)
+    changes = changes.drop_columns(["_commit_version"])
     if changes.nbytes > current().keep_feed_bytes:
         return _Changes(changes.num_rows, lambda: updates(spark.createDataFrame(changes)))
 
@@ -372,8 +414,10 @@ def source_changes(
 
 
 def source_rows(source: SourceTable, version: int) -> int:
-    """Rows in the source's snapshot at ``version``, from the log's file statistics."""
-    return sum(f.num_records or 0 for f in source.files(version))
+    """Rows in the source's snapshot at ``version``, from the log's file statistics (less
+    the rows deletion vectors delete)."""
+    deleted = sum(source.deletion_vectors(version).values())
+    return sum(f.num_records or 0 for f in source.files(version)) - deleted
 
 
 _MEMO: OrderedDict[tuple, _Changes] = OrderedDict()

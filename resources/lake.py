@@ -60,8 +60,8 @@ from deltalake.transaction import (
 from ivm.errors import (
     ChangeFeedError,
     CommitConflictError,
+    InvariantViolation,
     LakeError,
-    SourceError,
     SourceNotFoundError,
 )
 from resources.spark import PARQUET_CODEC, ZSTD_LEVEL
@@ -268,6 +268,7 @@ class SourceTable:
         self.name = name
         self.uri = uri
         self._identity: str | None = None
+        self._memo: dict[tuple[int, str], Any] = {}
         try:
             exists = DeltaTable.is_deltatable(uri)
         except (DeltaError, OSError) as e:
@@ -327,30 +328,51 @@ class SourceTable:
         conf = self.table().metadata().configuration
         return str(conf.get("delta.appendOnly", "false")).lower() == "true"
 
-    def _check_readable(self, dt: DeltaTable) -> None:
-        mode = dt.metadata().configuration.get("delta.columnMapping.mode", "none")
-        if mode not in (None, "none"):
-            raise SourceError(
-                f"source {self.name!r}: column mapping mode {mode!r} is not supported yet"
-            )
-        features = dt.protocol().reader_features or []
-        if "deletionVectors" in features:
-            dvs = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
-            if dvs.num_rows:
-                raise SourceError(
-                    f"source {self.name!r}: {dvs.num_rows} files carry deletion vectors, which "
-                    "this release cannot read yet; run OPTIMIZE / REORG ... APPLY (PURGE) first"
-                )
+    def column_mapping(self, version: int | None = None) -> str | None:
+        """The table's column mapping mode (``name``, ``id``), or None: its files then name
+        their columns by physical names only the log maps to the table's."""
+        mode = self.table(version).metadata().configuration.get("delta.columnMapping.mode")
+        return None if mode in (None, "none") else str(mode)
+
+    def deletion_vectors(self, version: int) -> dict[str, int]:
+        """The rows each data file of the snapshot at ``version`` has deleted by a deletion
+        vector (files without one left out; empty when the table has no such feature)."""
+        key = (version, "deletion_vectors")
+        if key not in self._memo:
+            dt = self.table(version)
+            found: dict[str, int] = {}
+            if "deletionVectors" in (dt.protocol().reader_features or []):
+                dvs = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
+                for path, kept in zip(
+                    dvs.column("filepath").to_pylist(),
+                    dvs.column("selection_vector").to_pylist(),
+                    strict=True,
+                ):
+                    found[local_path(path)] = len(kept) - sum(kept)
+            self._memo[key] = found
+        return self._memo[key]
+
+    def needs_delta_reader(self, version: int) -> str | None:
+        """Why the snapshot at ``version`` must be read by Delta's own reader (delta-spark,
+        or delta-rs's DataFusion scan), never from its Parquet files directly: column mapping
+        (the files' column names are not the table's) or deletion vectors (the files still
+        hold deleted rows). None: its files read as they are give the snapshot."""
+        mode = self.column_mapping(version)
+        if mode is not None:
+            return f"column mapping mode {mode!r}"
+        deleted = self.deletion_vectors(version)
+        if deleted:
+            return f"{len(deleted)} files carry deletion vectors"
+        return None
 
     def cdf_enabled(self, version: int | None = None) -> bool:
         conf = self.table(version).metadata().configuration
         return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
 
     def files(self, version: int) -> list[DataFile]:
-        """The data files of the snapshot at ``version``."""
-        dt = self.table(version)
-        self._check_readable(dt)
-        return _data_files(dt)
+        """The data files of the snapshot at ``version`` (read directly only when
+        :meth:`needs_delta_reader` says None; their row counts include deleted rows)."""
+        return _data_files(self.table(version))
 
     def partition_columns(self, version: int | None = None) -> list[str]:
         return list(self.table(version).metadata().partition_columns)
@@ -370,6 +392,8 @@ class SourceTable:
                 "append-only and the Change Data Feed is off; enable it with "
                 "ALTER TABLE ... SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
             )
+        if self.column_mapping(upper) is not None:  # delta-rs refuses it: delta-spark's part
+            raise InvariantViolation(f"source {self.name!r}: a column-mapped feed read by delta-rs")
         dt = self.table(upper)
         try:
             reader = dt.load_cdf(starting_version=lower + 1, ending_version=upper)
@@ -380,13 +404,7 @@ class SourceTable:
                 f"{lower + 1}..{upper} is no longer readable ({_first_line(e)}); rebuild the "
                 "views that read it from its current state with `ivm refresh --rebuild`"
             ) from e
-        raw = spark_compatible(raw)
-        kinds = raw.column("_change_type")
-        plus = pc.or_(pc.equal(kinds, "insert"), pc.equal(kinds, "update_postimage"))
-        diff = pc.if_else(plus, pa.scalar(1, pa.int64()), pa.scalar(-1, pa.int64()))
-        keep = [c for c in raw.column_names if not c.startswith("_")]
-        out = raw.select(keep).append_column("_diff", diff)
-        return out.append_column("_commit_version", raw.column("_commit_version").cast(pa.int64()))
+        return feed_updates(raw)
 
     def appended_files(self, lower: int, upper: int) -> list[DataFile]:
         """Files added in ``(lower, upper]`` when that range holds appends alone (no CDF needed).
@@ -397,7 +415,11 @@ class SourceTable:
         before = {f.uri for f in self.files(lower)}
         after = self.files(upper)
         after_uris = {f.uri for f in after}
-        if not before <= after_uris:
+        # A DELETE by deletion vector keeps the file and gives it a vector: an old file's
+        # deleted rows changed, or a new file arrived with some deleted, is not an append.
+        old_dvs, new_dvs = self.deletion_vectors(lower), self.deletion_vectors(upper)
+        rewritten = any(old_dvs.get(uri) != n for uri, n in new_dvs.items())
+        if self.column_mapping(upper) is not None or rewritten or not before <= after_uris:
             if self.cdf_enabled(upper):
                 raise ChangeFeedError("not append-only")  # caller falls back to the CDF
             raise ChangeFeedError(
@@ -407,6 +429,19 @@ class SourceTable:
                 "`ivm refresh --rebuild`"
             )
         return [f for f in after if f.uri not in before]
+
+
+def feed_updates(raw: pa.Table) -> pa.Table:
+    """A Delta Change Data Feed (``_change_type``, ``_commit_version``...) as updates: the
+    table's columns, ``_diff`` (+1 for inserts and post-images, -1 for deletes and
+    pre-images) and ``_commit_version``, in types Spark accepts."""
+    raw = spark_compatible(raw)
+    kinds = raw.column("_change_type")
+    plus = pc.or_(pc.equal(kinds, "insert"), pc.equal(kinds, "update_postimage"))
+    diff = pc.if_else(plus, pa.scalar(1, pa.int64()), pa.scalar(-1, pa.int64()))
+    keep = [c for c in raw.column_names if not c.startswith("_")]
+    out = raw.select(keep).append_column("_diff", diff)
+    return out.append_column("_commit_version", raw.column("_commit_version").cast(pa.int64()))
 
 
 def _first_line(e: BaseException) -> str:
