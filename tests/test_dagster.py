@@ -18,8 +18,13 @@ from pathlib import Path
 import dagster as dg
 import pyarrow as pa
 import pytest
+import yaml
+from dagster.components.core.component_tree import ComponentTreeException
+from dagster.components.testing import create_defs_folder_sandbox
+from dagster.components.testing.utils import component_defs
 from deltalake import DeltaTable, write_deltalake
 
+from assets.keys import IvmAsset
 from assets.views import (
     CONSISTENCY_OP,
     CONSISTENT_CHECK,
@@ -30,6 +35,7 @@ from assets.views import (
     source_key,
     view_key,
 )
+from dagster_project.component import IvmProjectComponent
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
 from dagster_project.sensors import AUTOMATION_SENSOR, OBSERVE_SENSOR
@@ -227,7 +233,11 @@ def test_definitions_without_project_say_what_to_do(tmp_path: Path, monkeypatch)
 
     monkeypatch.setattr(module, "DEMO_PROJECT", tmp_path / "nope" / "ivm.toml")
     with pytest.raises(ConfigError, match="IVM_PROJECT"):
+        module.default_project_path()
+    # Loaded through the defs folder: Dagster names the component, the cause says what to do.
+    with pytest.raises(ComponentTreeException, match=r"defs.yaml \(IvmProjectComponent\)") as e:
         module.defs()
+    assert isinstance(e.value.__cause__, ConfigError) and "IVM_PROJECT" in str(e.value.__cause__)
 
 
 @pytest.mark.spark
@@ -569,3 +579,166 @@ def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> 
     assert "vip_open_orders: skipped" in listed and "customer_orders: skipped" in listed
     refreshed = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
     assert view_key("customers_upper") in refreshed and view_key("open_orders") not in refreshed
+
+
+def _summary(defs: dg.Definitions) -> dict[str, object]:
+    """What a location offers: assets (with groups and parents), checks, jobs, sensors,
+    schedules, resources and the executor."""
+    graph = defs.resolve_asset_graph()
+    return {
+        "assets": {
+            k.to_user_string(): (
+                graph.get(k).group_name,
+                sorted(p.to_user_string() for p in graph.get(k).parent_keys),
+            )
+            for k in graph.get_all_asset_keys()
+        },
+        "checks": sorted(k.to_user_string() for c in defs.asset_checks for k in c.check_keys),
+        "jobs": sorted(j.name for j in defs.jobs),
+        "sensors": sorted(s.name for s in defs.sensors),
+        "schedules": sorted(s.name for s in defs.schedules),
+        "resources": sorted(defs.resources),
+        "executor": defs.executor,
+    }
+
+
+def test_component_scaffolds_and_builds_the_location(project: Path) -> None:
+    """`dg scaffold defs dagster_project.component.IvmProjectComponent <name>` writes a
+    defs.yaml naming the project relative to its folder; loaded, the component builds what
+    build_definitions builds; its automation attributes override ivm.toml's."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(
+            component_cls=IvmProjectComponent,
+            defs_path="lake",
+            scaffold_params={"project_path": str(project / "ivm.toml")},
+        )
+        written = yaml.safe_load((path / "defs.yaml").read_text())
+        assert written["type"] == "dagster_project.component.IvmProjectComponent"
+        relative = written["attributes"]["project"]
+        assert not Path(relative).is_absolute()
+        assert (path / relative).resolve() == (project / "ivm.toml").resolve()
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
+            assert isinstance(component, IvmProjectComponent)
+            assert _summary(defs) == _summary(build_definitions(project))
+            graph = defs.resolve_asset_graph()
+            assert "eager" in graph.get(view_key("open_orders")).automation_condition.get_label()
+        attributes = {"project": relative, "automation": "on_cron", "cron": "5 * * * *"}
+        (path / "defs.yaml").write_text(
+            yaml.safe_dump({"type": written["type"], "attributes": attributes})
+        )
+        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+            condition = defs.resolve_asset_graph().get(view_key("open_orders")).automation_condition
+            assert "on_cron(5 * * * *" in condition.get_label()
+        attributes = {"project": relative, "cron": "5 * * * *"}  # cron without on_cron
+        (path / "defs.yaml").write_text(
+            yaml.safe_dump({"type": written["type"], "attributes": attributes})
+        )
+        with pytest.raises(ComponentTreeException) as e:
+            with sandbox.load_component_and_build_defs(defs_path=path):
+                pass
+        assert 'cron is used only with automation = "on_cron"' in str(e.value.__cause__)
+
+
+TRANSLATION = {"key_prefix": "tpch", "group_name": "ivm_{{ asset.kind }}", "tags": {"team": "lake"}}
+
+
+def test_component_translation_changes_keys_and_groups(project: Path) -> None:
+    """The `translation` attribute (templated on `asset.kind`, `asset.name`) changes every
+    asset's spec; dependencies, column lineage, checks, jobs and sensors follow the keys."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(
+            component_cls=IvmProjectComponent,
+            defs_path="lake",
+            defs_yaml_contents={
+                "type": "dagster_project.component.IvmProjectComponent",
+                "attributes": {"project": str(project), "translation": TRANSLATION},
+            },
+        )
+        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+            pass
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == {f"tpch/{k}" for k in _summary(build_definitions(project))["assets"]}
+    vip = graph.get(dg.AssetKey(["tpch", "views", "vip_open_orders"]))
+    assert vip.group_name == "ivm_view" and vip.tags["team"] == "lake"
+    assert dg.AssetKey(["tpch", "views", "open_orders"]) in vip.parent_keys
+    assert graph.get(dg.AssetKey(["tpch", "ivm", "epoch"])).group_name == "ivm_epoch"
+    assert graph.get(dg.AssetKey(["tpch", "sources", "orders"])).group_name == "ivm_source"
+    lineage = vip.metadata["dagster/column_lineage"].deps_by_column["doubled"]
+    assert lineage == [dg.TableColumnDep(dg.AssetKey(["tpch", "views", "open_orders"]), "o_price")]
+    checks = {k.asset_key.to_user_string() for c in defs.asset_checks for k in c.check_keys}
+    assert checks == {f"tpch/views/{v}" for v in VIEWS}
+    refresh = defs.resolve_job_def(REFRESH_JOB)
+    assert {k.path[0] for k in refresh.asset_layer.selected_asset_keys} == {"tpch"}
+    assert len(refresh.asset_layer.selected_asset_keys) == len(keys) - 2  # not the sources
+
+
+class OwnedIvm(IvmProjectComponent):
+    """A subclass overriding the translation hook (what the README shows)."""
+
+    def get_asset_spec(self, spec: dg.AssetSpec, asset: IvmAsset) -> dg.AssetSpec:
+        spec = super().get_asset_spec(spec, asset)
+        if asset.kind != "view":
+            return spec
+        return spec.replace_attributes(key=["lake", asset.name], owners=["team:lake"])
+
+
+@pytest.mark.spark
+def test_translated_component_refreshes_views(project: Path, spark) -> None:
+    """A subclass's get_asset_spec renames the views: the refresh job materializes them under
+    their new keys, with their cheap checks; a translation that merges two keys is refused."""
+    defs = component_defs(component=OwnedIvm(project=str(project)))
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey(["lake", "open_orders"])).owners == ["team:lake"]
+    assert dg.AssetKey(["lake", "open_orders"]) in graph.get(BY_CUST).parent_keys
+    instance = dg.DagsterInstance.ephemeral()
+    result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=instance)
+    assert result.success
+    mats = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
+    assert mats == {dg.AssetKey(["lake", v]) for v in VIEWS} | {BY_CUST, CUSTOMER_BY_KEY, EPOCH_KEY}
+    evaluations = result.get_asset_check_evaluations()
+    assert {e.asset_key for e in evaluations} == {dg.AssetKey(["lake", v]) for v in VIEWS}
+    assert all(e.passed for e in evaluations)
+    with pytest.raises(dg.DagsterInvalidDefinitionError, match="same key: views/open_orders"):
+        build_definitions(
+            project,
+            lambda spec, asset: (
+                spec.replace_attributes(key=view_key("open_orders"))
+                if asset.kind == "view"
+                else spec
+            ),
+        )
+
+
+def test_dg_lists_and_checks_the_component(project: Path, tmp_path: Path) -> None:
+    """`dg list components` shows the component; `dg check defs` loads the repository's dg
+    project (its defs folder: the component on $IVM_PROJECT) as `dg dev` would."""
+    env = {
+        **os.environ,
+        "IVM_PROJECT": str(project),
+        "DAGSTER_HOME": str(tmp_path),
+        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+        "PYTHONPATH": str(REPO),
+    }
+    dg_cli = Path(sys.executable).parent / "dg"
+    listed = subprocess.run(
+        [str(dg_cli), "list", "components", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    keys = {c["key"] for c in json.loads(listed.stdout)["items"]}
+    assert "dagster_project.component.IvmProjectComponent" in keys
+    checked = subprocess.run(
+        [str(dg_cli), "check", "defs"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
