@@ -2,17 +2,22 @@
 refresh job and "Materialize all" materialize views in one process with the cheap checks (the
 from-scratch ones only in the verify job), Declarative Automation requests views when a source
 moved or a view's SQL changed, the sensor requests a run exactly when a source moved, and the
-webserver serves the asset graph (sources upstream of the views that read them)."""
+webserver serves the asset graph (sources upstream of the views that read them); the dg
+component builds the same location (translated keys followed throughout); and in headless
+Chromium, "Materialize all" and a launchpad full refresh succeed and show on a view's page."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -444,50 +449,65 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.mark.slow
-def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
+@contextmanager
+def _webserver(project: Path, home: Path) -> Iterator[int]:
+    """``dagster-webserver -w workspace.yaml`` on ``project`` with the instance ``home`` (runs
+    launched at once, no daemon: no sensor runs on its own), serving the asset graph; yields
+    its port. Its output goes to ``home/webserver.log``."""
     port = _free_port()
-    home = tmp_path / "dagster_home"
-    home.mkdir()
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster._core.run_coordinator\n"
+        "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n"
+    )
     env = {**os.environ, "IVM_PROJECT": str(project), "DAGSTER_HOME": str(home)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     webserver = Path(sys.executable).parent / "dagster-webserver"
+    log = (home / "webserver.log").open("wb")
     proc = subprocess.Popen(
         [str(webserver), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
         cwd=REPO,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
-        nodes = None
-        while time.monotonic() < deadline and nodes is None:
+        while time.monotonic() < deadline:
             if proc.poll() is not None:
-                pytest.fail(f"webserver exited: {proc.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"webserver exited: {(home / 'webserver.log').read_text()[-2000:]}")
             try:
-                data = _graphql(
-                    port, "{ assetNodes { assetKey { path } dependencyKeys { path } } }"
-                )
-                nodes = data["data"]["assetNodes"] or None
+                if _graphql(port, "{ assetNodes { id } }")["data"]["assetNodes"]:
+                    break
             except (OSError, KeyError, TypeError):
-                time.sleep(1)
-        assert nodes, "webserver did not serve the asset graph in time"
-        deps = {
-            "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
-            for n in nodes
-        }
-        assert "sources/orders" in deps["views/open_orders"]
-        assert "views/open_orders" in deps["views/vip_open_orders"]
-        assert "sources/customer" in deps["views/customers_upper"]
-        assert "sources/customer" in deps["arrangements/customer_by_c_custkey"]
-        assert "arrangements/customer_by_c_custkey" in deps["views/customer_orders"]
-        assert "sources/orders" not in deps["views/customers_upper"]
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("webserver did not serve the asset graph in time")
+        yield port
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
+
+
+@pytest.mark.slow
+def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
+    with _webserver(project, tmp_path / "dagster_home") as port:
+        data = _graphql(port, "{ assetNodes { assetKey { path } dependencyKeys { path } } }")
+    deps = {
+        "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
+        for n in data["data"]["assetNodes"]
+    }
+    assert "sources/orders" in deps["views/open_orders"]
+    assert "views/open_orders" in deps["views/vip_open_orders"]
+    assert "sources/customer" in deps["views/customers_upper"]
+    assert "sources/customer" in deps["arrangements/customer_by_c_custkey"]
+    assert "arrangements/customer_by_c_custkey" in deps["views/customer_orders"]
+    assert "sources/orders" not in deps["views/customers_upper"]
 
 
 def test_instance_settings_serialize_lake_writes(project: Path) -> None:
@@ -742,3 +762,89 @@ def test_dg_lists_and_checks_the_component(project: Path, tmp_path: Path) -> Non
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+RUNS_QUERY = "{ runsOrError { ... on Runs { results { runId status runConfigYaml } } } }"
+
+
+def _wait_for_new_run(port: int, known: set[str], timeout: float = 240) -> dict:
+    """The run launched after ``known`` (run ids), once it has finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = _graphql(port, RUNS_QUERY)["data"]["runsOrError"]["results"]
+        new = [r for r in runs if r["runId"] not in known]
+        if new and new[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return new[0]
+        time.sleep(2)
+    pytest.fail(f"no run launched after {sorted(known)} finished within {timeout} s")
+
+
+def _metadata_value(page, label: str) -> str:
+    """The value of one row of the asset page's metadata table (latest materialization)."""
+    row = page.locator("tr").filter(has=page.get_by_text(label, exact=True)).first
+    return row.locator("td").last.inner_text().strip()
+
+
+def _open_asset(page, port: int, path: str, status: str) -> str:
+    """The asset page's text once its latest materialization's metadata (``status``) shows."""
+    page.goto(f"http://127.0.0.1:{port}/assets/{path}")
+    row = page.locator("tr").filter(has=page.get_by_text("status", exact=True)).first
+    row.get_by_text(status, exact=True).wait_for()
+    page.get_by_text("Get source orders").first.wait_for()
+    return page.inner_text("body")
+
+
+@pytest.mark.slow
+def test_browser_materializes_views_and_full_refresh(project: Path, tmp_path: Path) -> None:
+    """In headless Chromium: "Materialize all" on the asset graph launches one run that
+    succeeds; a view's page shows its EXPLAIN, row count and epoch; the launchpad (shift-click
+    on Materialize) with ``full_refresh: true`` for ``ivm_views`` rebuilds the view."""
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is absent: install Debian's chromium (apt-get install -y chromium)"
+        )
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
+    with (project / "ivm.toml").open("a") as f:  # a light Spark for the runs
+        f.write('[spark]\n"spark.master" = "local[2]"\n"spark.driver.memory" = "1g"\n')
+    with _webserver(project, tmp_path / "dagster_home") as port, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1200})
+        page.set_default_timeout(60_000)
+        # A fresh instance greets with a "Join the Dagster community" dialog: skip it.
+        page.add_locator_handler(
+            page.get_by_text("Join the Dagster community"),
+            lambda _: page.get_by_role("button", name="Skip").click(),
+        )
+        page.goto(f"http://127.0.0.1:{port}/asset-groups")
+        page.locator("button", has_text="Materialize all").first.click()
+        page.get_by_text("Launched run").wait_for()
+        run = _wait_for_new_run(port, set())
+        assert run["status"] == "SUCCESS", f"run {run['runId']}: see {tmp_path}/dagster_home"
+        text = _open_asset(page, port, "views/open_orders", "built")
+        assert "Get source orders [o_orderkey, o_custkey, o_status, o_price]" in text
+        assert re.search(r"Row count\s+20\b", text), text[:2000]
+        assert _metadata_value(page, "epoch") == "1"
+        assert _metadata_value(page, "status") == "built"
+        # The launchpad: its config editor scaffolds full_refresh: false; set it, launch.
+        page.locator("button", has_text="Materialize").first.click(modifiers=["Shift"])
+        page.get_by_text("Launchpad").first.wait_for()
+        page.wait_for_function("document.querySelector('.CodeMirror') !== null")
+        page.evaluate(
+            "() => { const cm = document.querySelector('.CodeMirror').CodeMirror;"
+            " cm.setValue(cm.getValue().replace('full_refresh: false', 'full_refresh: true')); }"
+        )
+        page.get_by_role("dialog").locator("button", has_text="Materialize").last.click()
+        rebuilt = _wait_for_new_run(port, {run["runId"]})
+        assert rebuilt["status"] == "SUCCESS", f"run {rebuilt['runId']}: see {tmp_path}"
+        assert "full_refresh: true" in rebuilt["runConfigYaml"]
+        _open_asset(page, port, "views/open_orders", "rebuilt")
+        assert _metadata_value(page, "epoch") == "2"
+        browser.close()
