@@ -36,6 +36,15 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from assets.keys import (
+    EPOCH,
+    AssetKeys,
+    IvmAsset,
+    Translator,
+    arrangement_asset,
+    default_key,
+    translate,
+)
 from engine.facade import Engine
 from engine.inspect import Inspector
 from engine.results import ConsistencyResult, QuarantineResult, ViewResult
@@ -50,23 +59,26 @@ from resources.spark import check_spark
 SOURCES_GROUP = "sources"
 ARRANGEMENTS_GROUP = "arrangements"
 VIEWS_GROUP = "views"
-EPOCH_KEY = dg.AssetKey(["ivm", "epoch"])
+EPOCH_KEY = default_key(EPOCH)
+"""The epoch's default key (see :mod:`assets.keys` for keys after translation)."""
 POOL = "ivm_lake"
 """Concurrency pool of every asset that writes the lake: limit it to 1 (see dagster.yaml)."""
 
 
 def source_key(name: str) -> dg.AssetKey:
-    return dg.AssetKey(["sources", name])
+    """A source's default key, ``sources/<name>``."""
+    return default_key(IvmAsset("source", name))
 
 
 def view_key(name: str) -> dg.AssetKey:
-    return dg.AssetKey(["views", name])
+    """A view's default key, ``views/<name>``."""
+    return default_key(IvmAsset("view", name))
 
 
 def arrangement_key(key: ArrangementKey) -> dg.AssetKey:
-    """``arrangements/<collection>_by_<column>[_and_<column>...]``, e.g.
-    ``arrangements/orders_by_o_custkey`` (its table is ``arrangements/<key.name>``)."""
-    return dg.AssetKey(["arrangements", f"{key.collection}_by_{'_and_'.join(key.key)}"])
+    """An arrangement's default key, ``arrangements/<collection>_by_<column>[_and_<column>...]``,
+    e.g. ``arrangements/orders_by_o_custkey`` (its table is ``arrangements/<key.name>``)."""
+    return default_key(arrangement_asset(key))
 
 
 def spark_factory(pyspark: LazyPySparkResource) -> Callable[[], SparkSession]:
@@ -102,27 +114,29 @@ def _table_metadata(uri: str) -> dict[str, Any]:
 SOURCES_OP = "ivm_sources"
 
 
-def _sources_asset(project: Project) -> dg.AssetsDefinition:
+def _source_spec(name: str, uri: str) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        key=source_key(name),
+        group_name=SOURCES_GROUP,
+        kinds={"delta"},
+        description=f"Delta table {uri}; its data version is the Delta table version.",
+        metadata=_table_metadata(uri),
+    )
+
+
+def _sources_asset(
+    project: Project, specs: Sequence[dg.AssetSpec], keys: AssetKeys
+) -> dg.AssetsDefinition:
     """Every source as an observable asset (one op observes those selected): its data
     version is its Delta table's version, read without Spark."""
-    specs = [
-        dg.AssetSpec(
-            key=source_key(name),
-            group_name=SOURCES_GROUP,
-            kinds={"delta"},
-            description=f"Delta table {uri}; its data version is the Delta table version.",
-            metadata=_table_metadata(uri),
-        )
-        for name, uri in project.sources.items()
-    ]
 
     @dg.multi_observable_source_asset(name=SOURCES_OP, specs=specs, can_subset=True)
     def _observe(context: dg.AssetExecutionContext) -> Iterator[dg.ObserveResult]:
         for name, uri in project.sources.items():
-            if source_key(name) in context.selected_asset_keys:
+            if keys.source(name) in context.selected_asset_keys:
                 version = SourceTable(name, uri).version()
                 yield dg.ObserveResult(
-                    asset_key=source_key(name),
+                    asset_key=keys.source(name),
                     data_version=dg.DataVersion(str(version)),
                     metadata={"delta_version": version},
                 )
@@ -188,17 +202,18 @@ def _column_schema(engine: Inspector, name: str) -> dg.TableSchema:
     )
 
 
-def _collection_key(engine: Inspector, collection: str) -> dg.AssetKey:
-    return view_key(collection) if collection in engine.plan.views else source_key(collection)
+def _collection_key(engine: Inspector, collection: str, keys: AssetKeys) -> dg.AssetKey:
+    return keys.view(collection) if collection in engine.plan.views else keys.source(collection)
 
 
-def _column_lineage(engine: Inspector, name: str) -> dg.TableColumnLineage:
+def _column_lineage(engine: Inspector, name: str, keys: AssetKeys) -> dg.TableColumnLineage:
     """Each column's origins in the sources and views the view reads (from the plan)."""
     origins = column_lineage(engine.view(name).root)
     return dg.TableColumnLineage(
         deps_by_column={
             column: [
-                dg.TableColumnDep(_collection_key(engine, coll), c) for coll, c in sorted(deps)
+                dg.TableColumnDep(_collection_key(engine, coll, keys), c)
+                for coll, c in sorted(deps)
             ]
             for column, deps in origins.items()
             if deps
@@ -206,7 +221,9 @@ def _column_lineage(engine: Inspector, name: str) -> dg.TableColumnLineage:
     )
 
 
-def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, Any]:
+def view_metadata(
+    engine: Engine, name: str, result: ViewResult, keys: AssetKeys | None = None
+) -> dict[str, Any]:
     """The metadata a view's materialization reports (also used by tests)."""
     status = engine.view_status(name)
     table_uri = engine.layout.view_table(name)
@@ -219,7 +236,7 @@ def view_metadata(engine: Engine, name: str, result: ViewResult) -> dict[str, An
         **_table_metadata(table_uri),
         "dagster/row_count": status.rows or 0,
         "dagster/column_schema": columns,
-        "dagster/column_lineage": _column_lineage(engine, name),
+        "dagster/column_lineage": _column_lineage(engine, name, keys or AssetKeys()),
         "diff_log": dg.MetadataValue.path(engine.layout.view_log(name)),
         "explain": _md_code(engine.explain(name)),
     }
@@ -231,7 +248,7 @@ def _arrangement_spec(
     aplan = engine.plan.arrangements[key]
     return dg.AssetSpec(
         key=arrangement_key(key),
-        deps=[_collection_key(engine, key.collection)],
+        deps=[_collection_key(engine, key.collection, AssetKeys())],
         group_name=ARRANGEMENTS_GROUP,
         kinds={"spark", "delta"},
         description=(
@@ -244,9 +261,9 @@ def _arrangement_spec(
     )
 
 
-def _arrangement_result(key: ArrangementKey, status: dict[str, Any]) -> dg.MaterializeResult:
+def _arrangement_result(key: dg.AssetKey, status: dict[str, Any]) -> dg.MaterializeResult:
     return dg.MaterializeResult(
-        asset_key=arrangement_key(key),
+        asset_key=key,
         metadata={
             "epoch": status["epoch"],
             "dagster/row_count": status["rows"],
@@ -303,7 +320,7 @@ def _view_spec(
         metadata={
             **_table_metadata(engine.layout.view_table(name)),
             "dagster/column_schema": _column_schema(engine, name),
-            "dagster/column_lineage": _column_lineage(engine, name),
+            "dagster/column_lineage": _column_lineage(engine, name, AssetKeys()),
             "dagster/code_references": dg.CodeReferencesMetadataValue(
                 code_references=[
                     dg.LocalFileCodeReference(
@@ -320,7 +337,7 @@ def _view_spec(
 
 
 def _views_asset(
-    project: Project, engine: Inspector, condition: dg.AutomationCondition | None
+    project: Project, engine: Inspector, specs: Sequence[dg.AssetSpec], keys: AssetKeys
 ) -> dg.AssetsDefinition:
     """The epoch, every plannable view and every shared arrangement as one subsettable
     multi-asset (as dbt models are in dagster-dbt): Dagster shows one asset each with its
@@ -331,9 +348,6 @@ def _views_asset(
     the same op: a chain across ops would split the run into sequential steps, and the epoch
     would need an edge to every view to be minted first.)"""
     arrangements = list(engine.plan.arrangements)
-    specs = [_epoch_spec(project, condition)]
-    specs += [_arrangement_spec(engine, k, condition) for k in arrangements]
-    specs += [_view_spec(engine, name, condition) for name in engine.plan.order]
     # Dagster takes a multi-asset's results in dependency order.
     order = list(
         TopologicalSorter({s.key: {d.asset_key for d in s.deps} for s in specs}).static_order()
@@ -351,43 +365,31 @@ def _views_asset(
     ) -> Iterator[dg.MaterializeResult]:
         run_engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
         selected = context.selected_asset_keys
-        names = [n for n in run_engine.plan.order if view_key(n) in selected]
-        chosen = [k for k in arrangements if arrangement_key(k) in selected]
+        names = [n for n in run_engine.plan.order if keys.view(n) in selected]
+        chosen = [k for k in arrangements if keys.arrangement(k) in selected]
         full = _full_refresh(context, config)
         report, minted, quarantined = None, None, []
         if names:  # mints the epoch (a new one for a rebuild), quarantines, refreshes
             report = run_engine.refresh(names, rebuild=full)
             minted, quarantined = report.minted, report.quarantined
-        elif EPOCH_KEY in selected:
+        elif keys.epoch in selected:
             minted = run_engine.mint_epoch(force=full)
             quarantined = run_engine.quarantine()
         for key in chosen:  # those no selected view read are refreshed here
             run_engine.refresh_arrangement(key)
         crash_point("before_materialization")
-        results: dict[dg.AssetKey, dg.MaterializeResult] = {}
-        epoch_meta = _epoch_metadata(run_engine, minted, quarantined)
-        epoch_version = dg.DataVersion(f"epoch-{run_engine.latest_epoch()}")
-        if EPOCH_KEY in selected:
-            results[EPOCH_KEY] = dg.MaterializeResult(
-                asset_key=EPOCH_KEY, metadata=epoch_meta, data_version=epoch_version
-            )
-        elif minted is not None:  # minted for the views: recorded, though not selected
-            context.log_event(
-                dg.AssetMaterialization(
-                    EPOCH_KEY, metadata=epoch_meta, tags={DATA_VERSION_TAG: epoch_version.value}
-                )
-            )
+        results = _epoch_result(context, run_engine, keys, minted, quarantined)
         status = {a["arrangement"]: a for a in run_engine.arrangement_status()}
         for k in chosen:
-            results[arrangement_key(k)] = _arrangement_result(k, status[str(k)])
+            results[keys.arrangement(k)] = _arrangement_result(keys.arrangement(k), status[str(k)])
         failed = []
         for result in report.views if report else []:
             if result.status in ("failed", "skipped"):
                 failed.append(f"{result.view}: {result.status}: {result.error}")
                 continue
-            results[view_key(result.view)] = dg.MaterializeResult(
-                asset_key=view_key(result.view),
-                metadata=view_metadata(run_engine, result.view, result),
+            results[keys.view(result.view)] = dg.MaterializeResult(
+                asset_key=keys.view(result.view),
+                metadata=view_metadata(run_engine, result.view, result, keys),
                 data_version=dg.DataVersion(f"epoch-{result.epoch}"),
             )
         yield from (results[key] for key in order if key in results)
@@ -400,18 +402,47 @@ def _views_asset(
     return views
 
 
-def _broken_view_asset(name: str, error: IvmError) -> dg.AssetsDefinition:
-    """A view that cannot be planned: it stays in the graph, and materializing it fails with
-    the error (file, position, construct), while the other views refresh."""
+def _epoch_result(
+    context: AssetExecutionContext,
+    engine: Engine,
+    keys: AssetKeys,
+    minted: EpochRecord | None,
+    quarantined: Sequence[QuarantineResult],
+) -> dict[dg.AssetKey, dg.MaterializeResult]:
+    """The epoch's result when the run selected it; else, when the run minted one for its
+    views, the epoch's materialization recorded (though not selected) and no result."""
+    meta = _epoch_metadata(engine, minted, quarantined)
+    version = dg.DataVersion(f"epoch-{engine.latest_epoch()}")
+    if keys.epoch in context.selected_asset_keys:
+        return {
+            keys.epoch: dg.MaterializeResult(
+                asset_key=keys.epoch, metadata=meta, data_version=version
+            )
+        }
+    if minted is not None:
+        context.log_event(
+            dg.AssetMaterialization(
+                keys.epoch, metadata=meta, tags={DATA_VERSION_TAG: version.value}
+            )
+        )
+    return {}
 
-    @dg.asset(
+
+def _broken_view_spec(name: str, error: IvmError) -> dg.AssetSpec:
+    return dg.AssetSpec(
         key=view_key(name),
         group_name=VIEWS_GROUP,
-        pool=POOL,
         kinds={"spark", "delta"},
         description=f"View {name}: BROKEN: {error}",
         metadata={"error": dg.MetadataValue.text(str(error))},
     )
+
+
+def _broken_view_asset(name: str, spec: dg.AssetSpec, error: IvmError) -> dg.AssetsDefinition:
+    """A view that cannot be planned: it stays in the graph, and materializing it fails with
+    the error (file, position, construct), while the other views refresh."""
+
+    @dg.multi_asset(name=view_key(name).to_python_identifier(), specs=[spec], pool=POOL)
     def view() -> dg.MaterializeResult:
         raise error
 
@@ -441,13 +472,15 @@ def _consistency_result(key: dg.AssetCheckKey, result: ConsistencyResult) -> dg.
     )
 
 
-def _consistency_checks(project: Project, names: Sequence[str]) -> dg.AssetChecksDefinition:
+def _consistency_checks(
+    project: Project, names: Sequence[str], keys: AssetKeys
+) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(
         name=CONSISTENCY_OP,
         specs=[
             dg.AssetCheckSpec(
                 CONSISTENT_CHECK,
-                asset=view_key(n),
+                asset=keys.view(n),
                 blocking=False,
                 description=(
                     "Cheap, no Spark: the readable table is at its diff log's epoch and holds "
@@ -464,7 +497,7 @@ def _consistency_checks(project: Project, names: Sequence[str]) -> dg.AssetCheck
         engine = Inspector(project)
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.path):
             try:
-                result = engine.consistency(key.asset_key.path[-1])
+                result = engine.consistency(keys.asset(key.asset_key).name)
             except IvmError as e:  # not materialized yet: the check fails saying so
                 yield dg.AssetCheckResult(
                     asset_key=key.asset_key, check_name=key.name, passed=False, description=str(e)
@@ -483,13 +516,15 @@ def materializes_assets(context: dg.AssetCheckExecutionContext) -> bool:
     return bool(context.job_def.asset_layer.executable_asset_keys)
 
 
-def _from_scratch_checks(project: Project, names: Sequence[str]) -> dg.AssetChecksDefinition:
+def _from_scratch_checks(
+    project: Project, names: Sequence[str], keys: AssetKeys
+) -> dg.AssetChecksDefinition:
     @dg.multi_asset_check(
         name=FROM_SCRATCH_OP,
         specs=[
             dg.AssetCheckSpec(
                 FROM_SCRATCH_CHECK,
-                asset=view_key(n),
+                asset=keys.view(n),
                 description=(
                     "Recomputes the view from scratch with Spark SQL at its epoch and compares "
                     "it with the view's diff log and table (multisets; floating-point columns "
@@ -514,7 +549,7 @@ def _from_scratch_checks(project: Project, names: Sequence[str]) -> dg.AssetChec
             return
         engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.path):
-            result = engine.verify(key.asset_key.path[-1])
+            result = engine.verify(keys.asset(key.asset_key).name)
             yield dg.AssetCheckResult(
                 asset_key=key.asset_key,
                 check_name=key.name,
@@ -535,13 +570,17 @@ def _from_scratch_checks(project: Project, names: Sequence[str]) -> dg.AssetChec
     return from_scratch
 
 
-def build_asset_checks(project: Project) -> list[dg.AssetChecksDefinition]:
+def build_asset_checks(
+    project: Project, keys: AssetKeys | None = None
+) -> list[dg.AssetChecksDefinition]:
     """Two multi-asset checks over every view: ``consistent`` (cheap, with every
-    materialization) and ``matches_from_scratch`` (``ivm verify``; in the verify job)."""
+    materialization) and ``matches_from_scratch`` (``ivm verify``; in the verify job); on the
+    views' ``keys`` (default: their default keys)."""
     names = list(Inspector(project).plan.order)
     if not names:
         return []
-    return [_consistency_checks(project, names), _from_scratch_checks(project, names)]
+    keys = keys or AssetKeys()
+    return [_consistency_checks(project, names, keys), _from_scratch_checks(project, names, keys)]
 
 
 def automation_condition(project: Project) -> dg.AutomationCondition | None:
@@ -560,15 +599,41 @@ def automation_condition(project: Project) -> dg.AutomationCondition | None:
     return (dg.AutomationCondition.eager() | changed).with_label("eager or its SQL changed")
 
 
-def build_assets(project: Project) -> list[Any]:
+def _default_specs(project: Project, engine: Inspector) -> dict[IvmAsset, dg.AssetSpec]:
+    """Every asset's spec before translation (default keys and groups), in the graph's order:
+    sources, the epoch, arrangements, views, views that cannot be planned."""
+    condition = automation_condition(project)
+    specs = {IvmAsset("source", n): _source_spec(n, uri) for n, uri in project.sources.items()}
+    specs[EPOCH] = _epoch_spec(project, condition)
+    for k in engine.plan.arrangements:
+        specs[arrangement_asset(k)] = _arrangement_spec(engine, k, condition)
+    for name in engine.plan.order:
+        specs[IvmAsset("view", name)] = _view_spec(engine, name, condition)
+    for name, error in sorted(engine.plan.broken.items()):
+        specs[IvmAsset("view", name)] = _broken_view_spec(name, error)
+    return specs
+
+
+def build_assets(
+    project: Project, translator: Translator | None = None
+) -> tuple[list[Any], AssetKeys]:
     """Every asset of a project: sources, the epoch, arrangements and views, the last three
-    with the project's :func:`automation_condition`.
+    with the project's :func:`automation_condition`; each spec passed through ``translator``
+    (a component's translation hook; None: the default specs). Also the keys in force.
 
     Raises:
         IvmError: the project cannot be planned (its message names the file and position).
+        DagsterInvalidDefinitionError: the translation gave two assets the same key.
     """
     engine = Inspector(project)
-    assets: list[Any] = [_sources_asset(project)] if project.sources else []
-    assets.append(_views_asset(project, engine, automation_condition(project)))
-    assets.extend(_broken_view_asset(n, e) for n, e in sorted(engine.plan.broken.items()))
-    return assets
+    specs, keys = translate(_default_specs(project, engine), translator)
+    sources = [s for a, s in specs.items() if a.kind == "source"]
+    broken = {IvmAsset("view", n) for n in engine.plan.broken}
+    lake = [s for a, s in specs.items() if a.kind != "source" and a not in broken]
+    assets: list[Any] = [_sources_asset(project, sources, keys)] if sources else []
+    assets.append(_views_asset(project, engine, lake, keys))
+    assets.extend(
+        _broken_view_asset(n, specs[IvmAsset("view", n)], e)
+        for n, e in sorted(engine.plan.broken.items())
+    )
+    return assets, keys

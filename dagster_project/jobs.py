@@ -7,7 +7,8 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
-from assets.views import ARRANGEMENTS_GROUP, EPOCH_KEY, POOL, VIEWS_GROUP, spark_factory
+from assets.keys import AssetKeys
+from assets.views import POOL, spark_factory
 from engine.compact import compact, storage_report
 from engine.facade import Engine
 from ivm.config import Project
@@ -16,17 +17,15 @@ REFRESH_JOB = "ivm_refresh"
 
 
 def refresh_job(
-    checks: Sequence[dg.AssetChecksDefinition] = (),
+    keys: AssetKeys, checks: Sequence[dg.AssetChecksDefinition] = ()
 ) -> "dg.UnresolvedAssetJobDefinition":
-    """Mint an epoch and bring every view to it (the epoch, arrangement and view assets), with
-    ``checks`` (the cheap ones).
+    """Mint an epoch and bring every view to it (the epoch, arrangement and view assets, by
+    their ``keys``), with ``checks`` (the cheap ones).
 
     Without the from-scratch checks: they recompute every view, which is what a refresh
     avoids; they run in :func:`verify_job` (or on demand in the UI).
     """
-    assets = dg.AssetSelection.assets(EPOCH_KEY) | dg.AssetSelection.groups(
-        ARRANGEMENTS_GROUP, VIEWS_GROUP
-    )
+    assets = dg.AssetSelection.assets(*keys.of_kinds("epoch", "arrangement", "view"))
     return dg.define_asset_job(
         REFRESH_JOB,
         selection=assets.without_checks() | dg.AssetSelection.checks(*checks),

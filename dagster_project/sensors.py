@@ -20,7 +20,7 @@ import json
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-from assets.views import source_key
+from assets.keys import AssetKeys
 from engine.facade import Engine
 from ivm.config import Project
 from ivm.errors import SourceError
@@ -30,7 +30,7 @@ OBSERVE_SENSOR = "ivm_observe_sources"
 AUTOMATION_SENSOR = "ivm_automation"
 
 
-def observe_sources_sensor(project: Project) -> dg.SensorDefinition:
+def observe_sources_sensor(project: Project, keys: AssetKeys) -> dg.SensorDefinition:
     @dg.sensor(
         name=OBSERVE_SENSOR,
         minimum_interval_seconds=30,
@@ -53,7 +53,7 @@ def observe_sources_sensor(project: Project) -> dg.SensorDefinition:
                 seen[name] = version
                 observations.append(
                     dg.AssetObservation(
-                        source_key(name),
+                        keys.source(name),
                         metadata={"delta_version": version},
                         tags={DATA_VERSION_TAG: str(version)},
                     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +179,7 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     if not isinstance(spark_conf, dict):
         raise ConfigError(f"{file}: [spark] must be a table of Spark settings")
     parallelism, recompute_above, cache_mb = _refresh_settings(file, data.get("refresh", {}))
-    automation, automation_cron = _dagster_settings(file, data.get("dagster", {}))
+    automation, automation_cron = _dagster_settings(f"{file}: [dagster]", data.get("dagster", {}))
     policy = data.get("policy", {})
     if not isinstance(policy, dict):
         raise ConfigError(f"{file}: [policy] must be a table of policy settings")
@@ -200,30 +200,44 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     )
 
 
-def _dagster_settings(file: Path, table: object) -> tuple[str, str]:
-    """``[dagster]``'s automation and cron, checked."""
+def _dagster_settings(where: str, table: object) -> tuple[str, str]:
+    """``[dagster]``'s automation and cron, checked (errors start with ``where``)."""
     if not isinstance(table, dict):
-        raise ConfigError(f"{file}: [dagster] must be a table (automation = ..., cron = ...)")
+        raise ConfigError(f"{where} must be a table (automation = ..., cron = ...)")
     unknown = sorted(set(table) - {"automation", "cron"})
     if unknown:
-        raise ConfigError(
-            f"{file}: [dagster] has unknown key {unknown[0]!r} (expected automation, cron)"
-        )
+        raise ConfigError(f"{where} has unknown key {unknown[0]!r} (expected automation, cron)")
     automation = table.get("automation", "eager")
     if automation not in AUTOMATIONS:
         raise ConfigError(
-            f"{file}: [dagster] automation must be one of {', '.join(AUTOMATIONS)}, "
-            f"not {automation!r}"
+            f"{where} automation must be one of {', '.join(AUTOMATIONS)}, not {automation!r}"
         )
     cron = table.get("cron", DEFAULT_AUTOMATION_CRON)
     if not isinstance(cron, str) or len(cron.split()) != 5:
         raise ConfigError(
-            f"{file}: [dagster] cron must be a cron schedule of five fields "
-            f'(e.g. "0 * * * *"), not {cron!r}'
+            f'{where} cron must be a cron schedule of five fields (e.g. "0 * * * *"), not {cron!r}'
         )
     if "cron" in table and automation != "on_cron":
-        raise ConfigError(f'{file}: [dagster] cron is used only with automation = "on_cron"')
+        raise ConfigError(f'{where} cron is used only with automation = "on_cron"')
     return automation, cron
+
+
+def with_automation(
+    project: Project, automation: str | None, cron: str | None, where: str
+) -> Project:
+    """``project`` with ``[dagster]``'s automation and cron replaced by those given (None keeps
+    the project's), checked as ``[dagster]`` is; errors start with ``where``.
+
+    Raises:
+        ConfigError: an unknown automation, a malformed cron, or a cron without ``on_cron``.
+    """
+    table = {"automation": automation or project.automation}
+    if cron is not None:
+        table["cron"] = cron
+    elif table["automation"] == "on_cron":
+        table["cron"] = project.automation_cron
+    automation, cron = _dagster_settings(where, table)
+    return replace(project, automation=automation, automation_cron=cron)
 
 
 def _refresh_settings(file: Path, refresh: object) -> tuple[int, float, int | None]:

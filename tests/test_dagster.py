@@ -2,24 +2,34 @@
 refresh job and "Materialize all" materialize views in one process with the cheap checks (the
 from-scratch ones only in the verify job), Declarative Automation requests views when a source
 moved or a view's SQL changed, the sensor requests a run exactly when a source moved, and the
-webserver serves the asset graph (sources upstream of the views that read them)."""
+webserver serves the asset graph (sources upstream of the views that read them); the dg
+component builds the same location (translated keys followed throughout); and in headless
+Chromium, "Materialize all" and a launchpad full refresh succeed and show on a view's page."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 import pyarrow as pa
 import pytest
+import yaml
+from dagster.components.core.component_tree import ComponentTreeException
+from dagster.components.testing import create_defs_folder_sandbox
+from dagster.components.testing.utils import component_defs
 from deltalake import DeltaTable, write_deltalake
 
+from assets.keys import IvmAsset
 from assets.views import (
     CONSISTENCY_OP,
     CONSISTENT_CHECK,
@@ -30,6 +40,7 @@ from assets.views import (
     source_key,
     view_key,
 )
+from dagster_project.component import IvmProjectComponent
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import COMPACT_JOB, REFRESH_JOB, VERIFY_JOB
 from dagster_project.sensors import AUTOMATION_SENSOR, OBSERVE_SENSOR
@@ -227,7 +238,11 @@ def test_definitions_without_project_say_what_to_do(tmp_path: Path, monkeypatch)
 
     monkeypatch.setattr(module, "DEMO_PROJECT", tmp_path / "nope" / "ivm.toml")
     with pytest.raises(ConfigError, match="IVM_PROJECT"):
+        module.default_project_path()
+    # Loaded through the defs folder: Dagster names the component, the cause says what to do.
+    with pytest.raises(ComponentTreeException, match=r"defs.yaml \(IvmProjectComponent\)") as e:
         module.defs()
+    assert isinstance(e.value.__cause__, ConfigError) and "IVM_PROJECT" in str(e.value.__cause__)
 
 
 @pytest.mark.spark
@@ -434,50 +449,65 @@ def _graphql(port: int, query: str) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.mark.slow
-def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
+@contextmanager
+def _webserver(project: Path, home: Path) -> Iterator[int]:
+    """``dagster-webserver -w workspace.yaml`` on ``project`` with the instance ``home`` (runs
+    launched at once, no daemon: no sensor runs on its own), serving the asset graph; yields
+    its port. Its output goes to ``home/webserver.log``."""
     port = _free_port()
-    home = tmp_path / "dagster_home"
-    home.mkdir()
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster._core.run_coordinator\n"
+        "  class: DefaultRunCoordinator\ntelemetry:\n  enabled: false\n"
+    )
     env = {**os.environ, "IVM_PROJECT": str(project), "DAGSTER_HOME": str(home)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     webserver = Path(sys.executable).parent / "dagster-webserver"
+    log = (home / "webserver.log").open("wb")
     proc = subprocess.Popen(
         [str(webserver), "-w", str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
         cwd=REPO,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
-        nodes = None
-        while time.monotonic() < deadline and nodes is None:
+        while time.monotonic() < deadline:
             if proc.poll() is not None:
-                pytest.fail(f"webserver exited: {proc.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"webserver exited: {(home / 'webserver.log').read_text()[-2000:]}")
             try:
-                data = _graphql(
-                    port, "{ assetNodes { assetKey { path } dependencyKeys { path } } }"
-                )
-                nodes = data["data"]["assetNodes"] or None
+                if _graphql(port, "{ assetNodes { id } }")["data"]["assetNodes"]:
+                    break
             except (OSError, KeyError, TypeError):
-                time.sleep(1)
-        assert nodes, "webserver did not serve the asset graph in time"
-        deps = {
-            "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
-            for n in nodes
-        }
-        assert "sources/orders" in deps["views/open_orders"]
-        assert "views/open_orders" in deps["views/vip_open_orders"]
-        assert "sources/customer" in deps["views/customers_upper"]
-        assert "sources/customer" in deps["arrangements/customer_by_c_custkey"]
-        assert "arrangements/customer_by_c_custkey" in deps["views/customer_orders"]
-        assert "sources/orders" not in deps["views/customers_upper"]
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("webserver did not serve the asset graph in time")
+        yield port
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
+
+
+@pytest.mark.slow
+def test_webserver_serves_asset_graph(project: Path, tmp_path: Path) -> None:
+    with _webserver(project, tmp_path / "dagster_home") as port:
+        data = _graphql(port, "{ assetNodes { assetKey { path } dependencyKeys { path } } }")
+    deps = {
+        "/".join(n["assetKey"]["path"]): {"/".join(d["path"]) for d in n["dependencyKeys"]}
+        for n in data["data"]["assetNodes"]
+    }
+    assert "sources/orders" in deps["views/open_orders"]
+    assert "views/open_orders" in deps["views/vip_open_orders"]
+    assert "sources/customer" in deps["views/customers_upper"]
+    assert "sources/customer" in deps["arrangements/customer_by_c_custkey"]
+    assert "arrangements/customer_by_c_custkey" in deps["views/customer_orders"]
+    assert "sources/orders" not in deps["views/customers_upper"]
 
 
 def test_instance_settings_serialize_lake_writes(project: Path) -> None:
@@ -569,3 +599,252 @@ def test_full_refresh_from_a_backfill_and_broken_views(project: Path, spark) -> 
     assert "vip_open_orders: skipped" in listed and "customer_orders: skipped" in listed
     refreshed = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
     assert view_key("customers_upper") in refreshed and view_key("open_orders") not in refreshed
+
+
+def _summary(defs: dg.Definitions) -> dict[str, object]:
+    """What a location offers: assets (with groups and parents), checks, jobs, sensors,
+    schedules, resources and the executor."""
+    graph = defs.resolve_asset_graph()
+    return {
+        "assets": {
+            k.to_user_string(): (
+                graph.get(k).group_name,
+                sorted(p.to_user_string() for p in graph.get(k).parent_keys),
+            )
+            for k in graph.get_all_asset_keys()
+        },
+        "checks": sorted(k.to_user_string() for c in defs.asset_checks for k in c.check_keys),
+        "jobs": sorted(j.name for j in defs.jobs),
+        "sensors": sorted(s.name for s in defs.sensors),
+        "schedules": sorted(s.name for s in defs.schedules),
+        "resources": sorted(defs.resources),
+        "executor": defs.executor,
+    }
+
+
+def test_component_scaffolds_and_builds_the_location(project: Path) -> None:
+    """`dg scaffold defs dagster_project.component.IvmProjectComponent <name>` writes a
+    defs.yaml naming the project relative to its folder; loaded, the component builds what
+    build_definitions builds; its automation attributes override ivm.toml's."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(
+            component_cls=IvmProjectComponent,
+            defs_path="lake",
+            scaffold_params={"project_path": str(project / "ivm.toml")},
+        )
+        written = yaml.safe_load((path / "defs.yaml").read_text())
+        assert written["type"] == "dagster_project.component.IvmProjectComponent"
+        relative = written["attributes"]["project"]
+        assert not Path(relative).is_absolute()
+        assert (path / relative).resolve() == (project / "ivm.toml").resolve()
+        with sandbox.load_component_and_build_defs(defs_path=path) as (component, defs):
+            assert isinstance(component, IvmProjectComponent)
+            assert _summary(defs) == _summary(build_definitions(project))
+            graph = defs.resolve_asset_graph()
+            assert "eager" in graph.get(view_key("open_orders")).automation_condition.get_label()
+        attributes = {"project": relative, "automation": "on_cron", "cron": "5 * * * *"}
+        (path / "defs.yaml").write_text(
+            yaml.safe_dump({"type": written["type"], "attributes": attributes})
+        )
+        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+            condition = defs.resolve_asset_graph().get(view_key("open_orders")).automation_condition
+            assert "on_cron(5 * * * *" in condition.get_label()
+        attributes = {"project": relative, "cron": "5 * * * *"}  # cron without on_cron
+        (path / "defs.yaml").write_text(
+            yaml.safe_dump({"type": written["type"], "attributes": attributes})
+        )
+        with pytest.raises(ComponentTreeException) as e:
+            with sandbox.load_component_and_build_defs(defs_path=path):
+                pass
+        assert 'cron is used only with automation = "on_cron"' in str(e.value.__cause__)
+
+
+TRANSLATION = {"key_prefix": "tpch", "group_name": "ivm_{{ asset.kind }}", "tags": {"team": "lake"}}
+
+
+def test_component_translation_changes_keys_and_groups(project: Path) -> None:
+    """The `translation` attribute (templated on `asset.kind`, `asset.name`) changes every
+    asset's spec; dependencies, column lineage, checks, jobs and sensors follow the keys."""
+    with create_defs_folder_sandbox() as sandbox:
+        path = sandbox.scaffold_component(
+            component_cls=IvmProjectComponent,
+            defs_path="lake",
+            defs_yaml_contents={
+                "type": "dagster_project.component.IvmProjectComponent",
+                "attributes": {"project": str(project), "translation": TRANSLATION},
+            },
+        )
+        with sandbox.load_component_and_build_defs(defs_path=path) as (_, defs):
+            pass
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == {f"tpch/{k}" for k in _summary(build_definitions(project))["assets"]}
+    vip = graph.get(dg.AssetKey(["tpch", "views", "vip_open_orders"]))
+    assert vip.group_name == "ivm_view" and vip.tags["team"] == "lake"
+    assert dg.AssetKey(["tpch", "views", "open_orders"]) in vip.parent_keys
+    assert graph.get(dg.AssetKey(["tpch", "ivm", "epoch"])).group_name == "ivm_epoch"
+    assert graph.get(dg.AssetKey(["tpch", "sources", "orders"])).group_name == "ivm_source"
+    lineage = vip.metadata["dagster/column_lineage"].deps_by_column["doubled"]
+    assert lineage == [dg.TableColumnDep(dg.AssetKey(["tpch", "views", "open_orders"]), "o_price")]
+    checks = {k.asset_key.to_user_string() for c in defs.asset_checks for k in c.check_keys}
+    assert checks == {f"tpch/views/{v}" for v in VIEWS}
+    refresh = defs.resolve_job_def(REFRESH_JOB)
+    assert {k.path[0] for k in refresh.asset_layer.selected_asset_keys} == {"tpch"}
+    assert len(refresh.asset_layer.selected_asset_keys) == len(keys) - 2  # not the sources
+
+
+class OwnedIvm(IvmProjectComponent):
+    """A subclass overriding the translation hook (what the README shows)."""
+
+    def get_asset_spec(self, spec: dg.AssetSpec, asset: IvmAsset) -> dg.AssetSpec:
+        spec = super().get_asset_spec(spec, asset)
+        if asset.kind != "view":
+            return spec
+        return spec.replace_attributes(key=["lake", asset.name], owners=["team:lake"])
+
+
+@pytest.mark.spark
+def test_translated_component_refreshes_views(project: Path, spark) -> None:
+    """A subclass's get_asset_spec renames the views: the refresh job materializes them under
+    their new keys, with their cheap checks; a translation that merges two keys is refused."""
+    defs = component_defs(component=OwnedIvm(project=str(project)))
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey(["lake", "open_orders"])).owners == ["team:lake"]
+    assert dg.AssetKey(["lake", "open_orders"]) in graph.get(BY_CUST).parent_keys
+    instance = dg.DagsterInstance.ephemeral()
+    result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(instance=instance)
+    assert result.success
+    mats = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
+    assert mats == {dg.AssetKey(["lake", v]) for v in VIEWS} | {BY_CUST, CUSTOMER_BY_KEY, EPOCH_KEY}
+    evaluations = result.get_asset_check_evaluations()
+    assert {e.asset_key for e in evaluations} == {dg.AssetKey(["lake", v]) for v in VIEWS}
+    assert all(e.passed for e in evaluations)
+    with pytest.raises(dg.DagsterInvalidDefinitionError, match="same key: views/open_orders"):
+        build_definitions(
+            project,
+            lambda spec, asset: (
+                spec.replace_attributes(key=view_key("open_orders"))
+                if asset.kind == "view"
+                else spec
+            ),
+        )
+
+
+def test_dg_lists_and_checks_the_component(project: Path, tmp_path: Path) -> None:
+    """`dg list components` shows the component; `dg check defs` loads the repository's dg
+    project (its defs folder: the component on $IVM_PROJECT) as `dg dev` would."""
+    env = {
+        **os.environ,
+        "IVM_PROJECT": str(project),
+        "DAGSTER_HOME": str(tmp_path),
+        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),
+        "PYTHONPATH": str(REPO),
+    }
+    dg_cli = Path(sys.executable).parent / "dg"
+    listed = subprocess.run(
+        [str(dg_cli), "list", "components", "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    keys = {c["key"] for c in json.loads(listed.stdout)["items"]}
+    assert "dagster_project.component.IvmProjectComponent" in keys
+    checked = subprocess.run(
+        [str(dg_cli), "check", "defs"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+RUNS_QUERY = "{ runsOrError { ... on Runs { results { runId status runConfigYaml } } } }"
+
+
+def _wait_for_new_run(port: int, known: set[str], timeout: float = 240) -> dict:
+    """The run launched after ``known`` (run ids), once it has finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = _graphql(port, RUNS_QUERY)["data"]["runsOrError"]["results"]
+        new = [r for r in runs if r["runId"] not in known]
+        if new and new[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return new[0]
+        time.sleep(2)
+    pytest.fail(f"no run launched after {sorted(known)} finished within {timeout} s")
+
+
+def _metadata_value(page, label: str) -> str:
+    """The value of one row of the asset page's metadata table (latest materialization)."""
+    row = page.locator("tr").filter(has=page.get_by_text(label, exact=True)).first
+    return row.locator("td").last.inner_text().strip()
+
+
+def _open_asset(page, port: int, path: str, status: str) -> str:
+    """The asset page's text once its latest materialization's metadata (``status``) shows."""
+    page.goto(f"http://127.0.0.1:{port}/assets/{path}")
+    row = page.locator("tr").filter(has=page.get_by_text("status", exact=True)).first
+    row.get_by_text(status, exact=True).wait_for()
+    page.get_by_text("Get source orders").first.wait_for()
+    return page.inner_text("body")
+
+
+@pytest.mark.slow
+def test_browser_materializes_views_and_full_refresh(project: Path, tmp_path: Path) -> None:
+    """In headless Chromium: "Materialize all" on the asset graph launches one run that
+    succeeds; a view's page shows its EXPLAIN, row count and epoch; the launchpad (shift-click
+    on Materialize) with ``full_refresh: true`` for ``ivm_views`` rebuilds the view."""
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"{CHROMIUM} is absent: install Debian's chromium (apt-get install -y chromium)"
+        )
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev)")
+    with (project / "ivm.toml").open("a") as f:  # a light Spark for the runs
+        f.write('[spark]\n"spark.master" = "local[2]"\n"spark.driver.memory" = "1g"\n')
+    with _webserver(project, tmp_path / "dagster_home") as port, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1200})
+        page.set_default_timeout(60_000)
+        # A fresh instance greets with a "Join the Dagster community" dialog: skip it.
+        page.add_locator_handler(
+            page.get_by_text("Join the Dagster community"),
+            lambda _: page.get_by_role("button", name="Skip").click(),
+        )
+        page.goto(f"http://127.0.0.1:{port}/asset-groups")
+        page.locator("button", has_text="Materialize all").first.click()
+        page.get_by_text("Launched run").wait_for()
+        run = _wait_for_new_run(port, set())
+        assert run["status"] == "SUCCESS", f"run {run['runId']}: see {tmp_path}/dagster_home"
+        text = _open_asset(page, port, "views/open_orders", "built")
+        assert "Get source orders [o_orderkey, o_custkey, o_status, o_price]" in text
+        assert re.search(r"Row count\s+20\b", text), text[:2000]
+        assert _metadata_value(page, "epoch") == "1"
+        assert _metadata_value(page, "status") == "built"
+        # The launchpad: its config editor scaffolds full_refresh: false; set it, launch.
+        page.locator("button", has_text="Materialize").first.click(modifiers=["Shift"])
+        page.get_by_text("Launchpad").first.wait_for()
+        page.wait_for_function("document.querySelector('.CodeMirror') !== null")
+        page.evaluate(
+            "() => { const cm = document.querySelector('.CodeMirror').CodeMirror;"
+            " cm.setValue(cm.getValue().replace('full_refresh: false', 'full_refresh: true')); }"
+        )
+        page.get_by_role("dialog").locator("button", has_text="Materialize").last.click()
+        rebuilt = _wait_for_new_run(port, {run["runId"]})
+        assert rebuilt["status"] == "SUCCESS", f"run {rebuilt['runId']}: see {tmp_path}"
+        assert "full_refresh: true" in rebuilt["runConfigYaml"]
+        _open_asset(page, port, "views/open_orders", "rebuilt")
+        assert _metadata_value(page, "epoch") == "2"
+        browser.close()
