@@ -74,6 +74,10 @@ class Arrangements:
         self.measure_lookups = measure_lookups
         self._lock = threading.Lock()
         self._locks: dict[ArrangementKey, threading.Lock] = {}
+        self.rebuilding: frozenset[ArrangementKey] = frozenset()
+        """Arrangements every reader of which the current refresh rebuilds: built again from
+        their collection's state at the target epoch, never from its change (which may be
+        unreadable: the reason a user asks for a rebuild)."""
 
     def refresh(self, key: ArrangementKey) -> CommitResult | None:
         """Bring an arrangement up to its collection's epoch; idempotent per epoch.
@@ -133,10 +137,11 @@ class Arrangements:
             or json.loads(info["ivm.columns"]) != list(aplan.columns)
             or info.get("ivm.contract", "{}") != contract
             or retyped
+            or key in self.rebuilding
         )
         if not rebuild:
             since = int(info["ivm.since"])
-        elif retyped:
+        elif retyped or key in self.rebuilding:
             # Every reader is rebuilt from snapshots (the types changed), so none reads before
             # ``target``, and older updates would have the old types.
             since = target

@@ -90,7 +90,14 @@ class Scheduler:
             minted = self.epochs.mint(force=bool(needs)) if mint else None
             quarantined = self.quarantine.run()
         chosen = set(names)
-        results = self._refresh_views([n for n in plan.order if n in chosen], asked)
+        arrangements = self.views.compute.arrangements
+        arrangements.rebuilding = frozenset(
+            k for k, a in plan.arrangements.items() if asked and set(a.users) <= asked
+        )
+        try:
+            results = self._refresh_views([n for n in plan.order if n in chosen], asked)
+        finally:
+            arrangements.rebuilding = frozenset()
         for name in unplanned:
             error = plan.broken[name]
             status = "skipped" if isinstance(error, UpstreamBroken) else "failed"

@@ -30,7 +30,7 @@ from functools import reduce
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, UnsupportedOperationException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -148,7 +148,8 @@ def delta_feed(spark: SparkSession, source: SourceTable, lower: int, upper: int)
             .load(source.uri)
             .toArrow()
         )
-    except AnalysisException as e:
+    except (AnalysisException, UnsupportedOperationException) as e:
+        # e.g. a column renamed or dropped in the range: Delta refuses that batch read
         raise ChangeFeedError(
             f"source {source.name!r} ({source.uri}): Delta cannot read the change data of "
             f"versions {lower + 1}..{upper}: {str(e).strip().splitlines()[0]}; rebuild the views "
