@@ -1010,11 +1010,6 @@ def _keyed_agg_of(key: str) -> re.Pattern[str]:
 
 
 KNOWN_BUG_FEATURES: dict[str, str] = {
-    # Bug: MIN/MAX or agg(DISTINCT) of a column that is also a GROUP BY key (`SELECT c AS g,
-    # max(c) AS m FROM t0 GROUP BY c`, `SELECT v, count(DISTINCT v) FROM t0 GROUP BY v`) aborts
-    # the build on both paths: AnalysisException COLUMN_ALREADY_EXISTS `c` while writing the
-    # tower's level 0 / the distinct counts (state keyed by group and value: the same column).
-    "agg_of_group_key": "MIN/MAX, agg(DISTINCT) of a GROUP BY key: COLUMN_ALREADY_EXISTS",
     # Bug: FILTER (WHERE ...) on EVERY, SOME (also STD, MEAN) and PERCENTILE_CONT/_DISC ...
     # WITHIN GROUP is refused: "column 'id' must appear in GROUP BY or inside an aggregate
     # function" (BOOL_AND / BOOL_OR ... FILTER are planned).

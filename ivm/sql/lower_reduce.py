@@ -102,6 +102,24 @@ class _Grouping:
             self.pre[key] = (name, e)
         return self.pre[key][0]
 
+    def argument(self, e: exp.Expression) -> str:
+        """The projection's column an aggregate reads ``e`` from: :meth:`column`, unless that
+        is a group key; then a copy of its own (``_aN``), so the aggregate's state, keyed by
+        the group and the value (a tower, distinct counts), never holds one column twice.
+
+        Every key is known when the first aggregate is registered."""
+        name = self.column(e, "a")
+        if name not in self.keys:
+            return name
+        key = f"argument: {e.sql()}"
+        if key not in self.pre:
+            taken = {n for n, _ in self.pre.values()}
+            n = len(self.pre)
+            while f"_a{n}" in taken:
+                n += 1
+            self.pre[key] = (f"_a{n}", e.copy())
+        return self.pre[key][0]
+
 
 @dataclass(frozen=True)
 class Ranked:
@@ -263,8 +281,8 @@ class ReduceLowering(LoweringContext):
     ) -> str:
         """The reduce's output column for ``call``: an equal call already registered shares
         it; a new one is named ``prefer`` when free, else ``_aggN``."""
-        arg = grouping.column(call.arg, "a") if call.arg is not None else None
-        order = tuple((grouping.column(e, "a"), d, nf) for e, d, nf in call.order)
+        arg = grouping.argument(call.arg) if call.arg is not None else None
+        order = tuple((grouping.argument(e), d, nf) for e, d, nf in call.order)
         func = call.func
         distinct = call.distinct and func not in ("min", "max")
         if func == "median":
