@@ -1014,9 +1014,6 @@ KNOWN_BUG_FEATURES: dict[str, str] = {
     # WITHIN GROUP is refused: "column 'id' must appear in GROUP BY or inside an aggregate
     # function" (BOOL_AND / BOOL_OR ... FILTER are planned).
     "filter_on_aggregate_alias": "EVERY/SOME/PERCENTILE ... FILTER refused as ungrouped column",
-    # Bug: ROW_NUMBER() OVER (PARTITION BY c, c ORDER BY id) (a partition key twice, as when
-    # two outputs are the same column) aborts the build: COLUMN_ALREADY_EXISTS `c`.
-    "duplicate_partition_key": "PARTITION BY c, c: build aborts, COLUMN_ALREADY_EXISTS",
     # Bug: LISTAGG(DISTINCT s, ',') WITHIN GROUP (ORDER BY s) FILTER (WHERE id > 1) aborts the
     # build: UNRESOLVED_COLUMN `s` (the FILTER's CASE replaces the argument, the ORDER BY
     # still names it); without DISTINCT, or without FILTER, it is planned.

@@ -6,6 +6,8 @@ log sums to its table.
 
 - an aggregate whose state is keyed by its argument (MIN/MAX, ``agg(DISTINCT x)``) over a
   column, or expression, that is also a GROUP BY key;
+- ``ROW_NUMBER() OVER (PARTITION BY c, c ...)``: a partition key twice (also through two
+  outputs of one column), and GROUP BY of one key twice;
 """
 
 from __future__ import annotations
@@ -98,3 +100,49 @@ def test_aggregate_of_a_group_key(spark, make_project, tmp_path, use_policy, dri
     )
     if driver:  # the towers and distinct counts of small changes: the driver's
         assert {"agg_of_key_minmax", "agg_of_key_distinct"} <= by_driver, by_driver
+
+
+REPEATED_KEYS = {
+    "partition_twice": """
+        -- ivm: topk_spare = 0
+        CREATE VIEW partition_twice AS
+        SELECT * FROM (
+            SELECT grp, id, qty,
+                   ROW_NUMBER() OVER (PARTITION BY grp, grp ORDER BY qty DESC, id) AS rn
+            FROM items
+        ) WHERE rn <= 2
+    """,
+    # Two outputs of one column, both partition keys; ordered by a key twice (redundant).
+    "partition_by_two_outputs": """
+        CREATE VIEW partition_by_two_outputs AS
+        SELECT tag AS a, tag AS b, id, price FROM items
+        QUALIFY ROW_NUMBER() OVER (PARTITION BY tag, tag ORDER BY price, price, id) <= 1
+    """,
+    # Over a stateful input: a tower of first rows, not a buffer.
+    "partition_twice_of_sums": """
+        -- ivm: expected_group_size = 20
+        CREATE VIEW partition_twice_of_sums AS
+        SELECT * FROM (
+            SELECT g, t, n, ROW_NUMBER() OVER (PARTITION BY g, g ORDER BY n DESC, t) AS rn
+            FROM (SELECT grp AS g, tag AS t, count(*) AS n FROM items GROUP BY grp, tag)
+        ) WHERE rn <= 2
+    """,
+    "group_twice": """
+        CREATE VIEW group_twice AS
+        SELECT grp, count(*) AS n, max(qty) AS mq FROM items GROUP BY grp, grp
+    """,
+    "group_by_two_outputs": """
+        CREATE VIEW group_by_two_outputs AS
+        SELECT tag AS a, tag AS b, sum(qty) AS s FROM items GROUP BY a, b
+    """,
+}
+
+
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+def test_a_key_named_twice(spark, make_project, tmp_path, use_policy, driver):
+    """A partition key named twice used to abort the build (COLUMN_ALREADY_EXISTS)."""
+    by_driver = refreshed_through_batches(
+        spark, make_project, tmp_path, use_policy, REPEATED_KEYS, driver, 47
+    )
+    if driver:
+        assert {"partition_twice", "group_twice"} <= by_driver, by_driver

@@ -453,6 +453,8 @@ class TopK:
         missing = (set(self.partition) | {o[0] for o in self.order}) - set(self.input.columns)
         if missing:
             raise InvariantViolation(f"TopK reads unknown columns {sorted(missing)}")
+        if len(set(self.partition)) < len(self.partition):
+            raise InvariantViolation(f"TopK partitions by a column twice: {self.partition}")
         if self.rank is not None:
             _check_unique(self.columns, "TopK")
 

@@ -567,7 +567,8 @@ class ReduceLowering(LoweringContext):
             hidden.append((f"_w{len(hidden)}", resolved))
             return hidden[-1][0]
 
-        partition = tuple(column(p) for p in window.args.get("partition_by") or [])
+        # each key once: PARTITION BY c, c (or two outputs of one column) is PARTITION BY c
+        partition = tuple(dict.fromkeys(column(p) for p in window.args.get("partition_by") or []))
         order_node = window.args.get("order")
         if order_node is None or not order_node.expressions:
             raise self.error("ROW_NUMBER() needs ORDER BY in its OVER clause", window)
