@@ -8,6 +8,7 @@ log sums to its table.
   column, or expression, that is also a GROUP BY key;
 - ``ROW_NUMBER() OVER (PARTITION BY c, c ...)``: a partition key twice (also through two
   outputs of one column), and GROUP BY of one key twice;
+- ``LISTAGG(DISTINCT s, ',') WITHIN GROUP (ORDER BY s) FILTER (WHERE ...)``;
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ KEYED_BY_ARGUMENT = {
 }
 
 
-def check(engine: Engine) -> None:
-    """Every view equals DuckDB's and Spark's from-scratch result; its log sums to its table."""
-    for c in compare_views(engine) + spark_compare_views(engine):
+def check(engine: Engine, not_spark: frozenset[str] = frozenset()) -> None:
+    """Every view equals DuckDB's and (those not in ``not_spark``) Spark's from-scratch result;
+    its log sums to its table."""
+    spark_views = [v for v in engine.plan.order if v not in not_spark]
+    for c in compare_views(engine) + spark_compare_views(engine, spark_views):
         assert c.equal, c.describe()
     for c in compare_views(engine):
         assert log_multiset(engine, c.view, c.epoch) == table_multiset(
@@ -72,20 +75,28 @@ def check(engine: Engine) -> None:
 
 
 def refreshed_through_batches(
-    spark, make_project, tmp_path, use_policy, views: dict[str, str], driver: bool, seed: int
+    spark,
+    make_project,
+    tmp_path,
+    use_policy,
+    views: dict[str, str],
+    driver: bool,
+    seed: int,
+    not_spark: frozenset[str] = frozenset(),
 ) -> set[str]:
     """Build ``views`` over a random lake and refresh them through four random batches,
-    checking every view each time; returns the views the driver computed some epoch of."""
+    checking every view each time (``not_spark``: views Spark cannot evaluate, checked
+    against DuckDB only); returns the views the driver computed some epoch of."""
     use_policy(None if driver else Policy.spark_only())
     lake, engine = built_random_lake(spark, make_project, tmp_path, views, seed)
-    check(engine)
+    check(engine, not_spark)
     by_driver: set[str] = set()
     for _ in range(4):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
         by_driver |= {v.view for v in report.views if v.computed_by == "driver"}
-        check(engine)
+        check(engine, not_spark)
     if not driver:
         assert not by_driver
     return by_driver
@@ -146,3 +157,46 @@ def test_a_key_named_twice(spark, make_project, tmp_path, use_policy, driver):
     )
     if driver:
         assert {"partition_twice", "group_twice"} <= by_driver, by_driver
+
+
+FILTERED_ORDERED = {
+    # Checked against DuckDB only: Spark 4.0.1's own evaluation of LISTAGG(DISTINCT x)
+    # WITHIN GROUP (ORDER BY x) FILTER (...) fails in its optimizer (RewriteDistinctAggregates:
+    # ClassCastException, AttributeReference is no SortOrder); the engine never asks Spark for
+    # it (it aggregates the distinct set without DISTINCT).
+    "distinct_listagg_filter": """
+        CREATE VIEW distinct_listagg_filter AS
+        SELECT grp, listagg(DISTINCT tag, ',') WITHIN GROUP (ORDER BY tag) FILTER (WHERE id > 10)
+               AS tags
+        FROM items GROUP BY grp
+    """,
+    "distinct_listagg_filter_global": """
+        CREATE VIEW distinct_listagg_filter_global AS
+        SELECT string_agg(DISTINCT tag, '|') WITHIN GROUP (ORDER BY tag DESC) FILTER (WHERE qty > 3)
+               AS tags
+        FROM items
+    """,
+    # Without DISTINCT: ordered by the argument, and by another column.
+    "listagg_filter": """
+        CREATE VIEW listagg_filter AS
+        SELECT tag, listagg(grp, '') WITHIN GROUP (ORDER BY grp DESC) FILTER (WHERE qty < 5) AS a,
+               string_agg(grp, ',') WITHIN GROUP (ORDER BY id) FILTER (WHERE qty < 5) AS b
+        FROM items GROUP BY tag
+    """,
+}
+
+
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+def test_distinct_string_agg_with_a_filter(spark, make_project, tmp_path, use_policy, driver):
+    """LISTAGG(DISTINCT s) WITHIN GROUP (ORDER BY s) FILTER (...) used to abort the build
+    (UNRESOLVED_COLUMN s: the FILTER replaced the argument, the ORDER BY still named it)."""
+    refreshed_through_batches(
+        spark,
+        make_project,
+        tmp_path,
+        use_policy,
+        FILTERED_ORDERED,
+        driver,
+        53,
+        frozenset({"distinct_listagg_filter", "distinct_listagg_filter_global"}),
+    )

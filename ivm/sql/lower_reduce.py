@@ -20,7 +20,7 @@ no filter bounds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
@@ -327,10 +327,8 @@ class ReduceLowering(LoweringContext):
             params = (self._separator(args, n),)
             args = args[:1]
         arg = self._aggregate_argument(func, args, distinct, n)
-        if where is not None:
-            cond = where.copy()
-            arg = exp.Case(ifs=[exp.If(this=cond, true=arg or exp.Literal.number(1))])
-        return _Call(func, arg, distinct, params, tuple(order))
+        call = _Call(func, arg, distinct, params, tuple(order))
+        return _filtered(call, where) if where is not None else call
 
     def _percentile_call(self, n: exp.WithinGroup) -> _Call:
         """``PERCENTILE_CONT/DISC(fraction) WITHIN GROUP (ORDER BY x)``; other ordered-set
@@ -624,6 +622,17 @@ class ReduceLowering(LoweringContext):
         )
         keep = ranked.visible + (ranked.rank,)
         return Project(top, tuple((c, exp.column(c)) for c in keep)), rest
+
+
+def _filtered(call: _Call, where: exp.Expression) -> _Call:
+    """``call FILTER (WHERE where)``: its argument is ``CASE WHEN where THEN arg END`` (``1``
+    for ``COUNT(*)``), which every aggregate skips where NULL. An ORDER BY item that is the
+    argument itself orders by that CASE too: the rows it keeps are ordered alike, and
+    ``f(DISTINCT x) ... ORDER BY x`` stays ordered by its argument."""
+    arg = exp.Case(ifs=[exp.If(this=where.copy(), true=call.arg or exp.Literal.number(1))])
+    written = call.arg.sql() if call.arg is not None else None
+    order = tuple((arg.copy() if e.sql() == written else e, d, nf) for e, d, nf in call.order)
+    return replace(call, arg=arg, order=order)
 
 
 def _rank_bound(c: exp.Expression, rank: str) -> int | None:
