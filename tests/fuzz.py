@@ -1010,10 +1010,6 @@ def _keyed_agg_of(key: str) -> re.Pattern[str]:
 
 
 KNOWN_BUG_FEATURES: dict[str, str] = {
-    # Bug: FILTER (WHERE ...) on EVERY, SOME (also STD, MEAN) and PERCENTILE_CONT/_DISC ...
-    # WITHIN GROUP is refused: "column 'id' must appear in GROUP BY or inside an aggregate
-    # function" (BOOL_AND / BOOL_OR ... FILTER are planned).
-    "filter_on_aggregate_alias": "EVERY/SOME/PERCENTILE ... FILTER refused as ungrouped column",
     # Spark's bug, not the engine's (whose build aborted with UNRESOLVED_COLUMN `s` until the
     # FILTER's CASE replaced the ORDER BY's argument too): Spark 4.0.1's own evaluation of
     # LISTAGG(DISTINCT s, ',') WITHIN GROUP (ORDER BY s) FILTER (WHERE id > 1), the

@@ -26,7 +26,7 @@ from sqlglot import exp
 
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
-from ivm.sql.scope import LoweringContext, Scope
+from ivm.sql.scope import ANONYMOUS_AGGREGATES, LoweringContext, Scope, is_aggregate
 
 _AGG_CLASSES: dict[str, str] = {
     "Count": "count",
@@ -46,18 +46,6 @@ _AGG_CLASSES: dict[str, str] = {
     "Median": "median",
     "PercentileCont": "percentile_cont",
     "PercentileDisc": "percentile_disc",
-}
-_AGG_ANONYMOUS = {
-    "every": "bool_and",
-    "some": "bool_or",
-    "bool_and": "bool_and",
-    "bool_or": "bool_or",
-    "std": "stddev_samp",
-    "stddev_samp": "stddev_samp",
-    "var_samp": "var_samp",
-    "mean": "avg",
-    "string_agg": "string_agg",
-    "listagg": "string_agg",
 }
 SUPPORTED_AGGREGATES = (
     "COUNT, SUM, AVG, MIN, MAX, STDDEV/VARIANCE (_SAMP/_POP), BOOL_AND/EVERY, BOOL_OR/SOME, "
@@ -311,11 +299,14 @@ class ReduceLowering(LoweringContext):
     def aggregate_call(self, n: exp.Expression) -> _Call | None:
         """The aggregate ``n`` calls, or None if it is not one (``n`` is resolved)."""
         where = None
-        if isinstance(n, exp.Filter) and isinstance(n.this, exp.AggFunc):
+        if isinstance(n, exp.Filter) and (
+            is_aggregate(n.this) or isinstance(n.this, exp.WithinGroup)
+        ):
             where = n.expression.this if isinstance(n.expression, exp.Where) else n.expression
             n = n.this
         if isinstance(n, exp.WithinGroup):
-            return self._percentile_call(n)
+            call = self._percentile_call(n)
+            return _filtered(call, where) if where is not None else call
         named = self._function_and_args(n)
         if named is None:
             return None
@@ -360,8 +351,8 @@ class ReduceLowering(LoweringContext):
     def _function_and_args(self, n: exp.Expression) -> tuple[str, list[exp.Expression]] | None:
         """The aggregate function ``n`` calls (our name) and its arguments as written, or None
         if ``n`` is no aggregate; an aggregate without a maintained kind is refused."""
-        if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
-            return _AGG_ANONYMOUS[n.name.lower()], list(n.expressions)
+        if isinstance(n, exp.Anonymous) and n.name.lower() in ANONYMOUS_AGGREGATES:
+            return ANONYMOUS_AGGREGATES[n.name.lower()], list(n.expressions)
         if not isinstance(n, exp.AggFunc):
             return None
         func = _AGG_CLASSES.get(type(n).__name__)
@@ -418,7 +409,7 @@ class ReduceLowering(LoweringContext):
             raise self.error(f"{func.upper()} takes one argument", n)
         arg = args[0].copy()
         for inner in arg.walk():
-            if isinstance(inner, exp.AggFunc):
+            if is_aggregate(inner):
                 raise self.error("an aggregate inside an aggregate", n)
         return arg
 
