@@ -14,8 +14,8 @@ Runs:
     pytest tests/test_fuzz.py --fuzz-long           # 30 seeds, every grammar feature
     IVM_FUZZ_CASES=40 pytest tests/test_fuzz.py     # that many cases (implies the long run)
     pytest tests/test_fuzz.py --fuzz-seed 7 --fuzz-cases 5   # seeds 7..11, long grammar
-The default run's grammar leaves out the constructs of engine bugs not fixed yet
-(``tests.fuzz.KNOWN_BUG_FEATURES``); the long run keeps them. ``python -m tests.fuzz show SEED``
+The default run's grammar leaves out the constructs of engine bugs not fixed yet, and of the
+Spark oracle's bugs (``tests.fuzz.KNOWN_BUG_FEATURES``); the long run keeps them. ``python -m tests.fuzz show SEED``
 prints a seed's views, ``python DIR/replay.py`` reruns a reproducer.
 """
 

@@ -350,7 +350,9 @@ class Reduce:
 
     Output: one row per group that has input rows (``keys..., aggregates...``); with no
     keys, one row even over empty input (SQL). Not linear: maintained from per-group state,
-    see :mod:`ivm.plan.reduce` for the branches it is factored into.
+    see :mod:`ivm.plan.reduce` for the branches it is factored into. No aggregate reads a
+    key column (an aggregate of a key reads a copy of it): state keyed by group and value
+    names each column once.
 
     Attributes:
         label: a name unique within the view (``r0``, ``r1``...), naming its state tables.
@@ -372,6 +374,9 @@ class Reduce:
         )
         if missing:
             raise InvariantViolation(f"Reduce reads unknown columns {sorted(missing)}")
+        keyed = sorted({c for a in self.aggregates for c in a.reads} & set(self.keys))
+        if keyed:  # its state, keyed by group and value, would hold the column twice
+            raise InvariantViolation(f"Reduce aggregates read group keys {keyed}")
         if not self.keys and not self.aggregates:
             raise InvariantViolation("a Reduce needs keys or aggregates")
 
@@ -448,6 +453,8 @@ class TopK:
         missing = (set(self.partition) | {o[0] for o in self.order}) - set(self.input.columns)
         if missing:
             raise InvariantViolation(f"TopK reads unknown columns {sorted(missing)}")
+        if len(set(self.partition)) < len(self.partition):
+            raise InvariantViolation(f"TopK partitions by a column twice: {self.partition}")
         if self.rank is not None:
             _check_unique(self.columns, "TopK")
 

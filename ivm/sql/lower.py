@@ -51,7 +51,7 @@ from ivm.plan.ir import (
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
 from ivm.sql.parse import ParsedView
-from ivm.sql.scope import CatalogEntry, Relation, Scope
+from ivm.sql.scope import CatalogEntry, Relation, Scope, is_aggregate
 
 _SortKey = Callable[[exp.Expression], exp.Expression]
 """Rewrites an ORDER BY expression over the FROM scope into one over a SELECT's input."""
@@ -216,7 +216,7 @@ class _Lowerer(ReduceLowering):
         node they read: ``node``, or a grouped query's reduce over it; with how an ORDER BY
         expression becomes one over that node."""
         aggregated = bool(_arg(s, "group") or _arg(s, "having")) or any(
-            isinstance(n, exp.AggFunc)
+            is_aggregate(n)
             for i in s.expressions
             for n in i.walk(prune=lambda n: isinstance(n, (exp.Window, exp.Subquery)))
         )

@@ -20,13 +20,13 @@ no filter bounds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
-from ivm.sql.scope import LoweringContext, Scope
+from ivm.sql.scope import ANONYMOUS_AGGREGATES, LoweringContext, Scope, is_aggregate
 
 _AGG_CLASSES: dict[str, str] = {
     "Count": "count",
@@ -46,18 +46,6 @@ _AGG_CLASSES: dict[str, str] = {
     "Median": "median",
     "PercentileCont": "percentile_cont",
     "PercentileDisc": "percentile_disc",
-}
-_AGG_ANONYMOUS = {
-    "every": "bool_and",
-    "some": "bool_or",
-    "bool_and": "bool_and",
-    "bool_or": "bool_or",
-    "std": "stddev_samp",
-    "stddev_samp": "stddev_samp",
-    "var_samp": "var_samp",
-    "mean": "avg",
-    "string_agg": "string_agg",
-    "listagg": "string_agg",
 }
 SUPPORTED_AGGREGATES = (
     "COUNT, SUM, AVG, MIN, MAX, STDDEV/VARIANCE (_SAMP/_POP), BOOL_AND/EVERY, BOOL_OR/SOME, "
@@ -100,6 +88,24 @@ class _Grouping:
         if key not in self.pre:
             name = e.name if isinstance(e, exp.Column) else f"_{prefix}{len(self.pre)}"
             self.pre[key] = (name, e)
+        return self.pre[key][0]
+
+    def argument(self, e: exp.Expression) -> str:
+        """The projection's column an aggregate reads ``e`` from: :meth:`column`, unless that
+        is a group key; then a copy of its own (``_aN``), so the aggregate's state, keyed by
+        the group and the value (a tower, distinct counts), never holds one column twice.
+
+        Every key is known when the first aggregate is registered."""
+        name = self.column(e, "a")
+        if name not in self.keys:
+            return name
+        key = f"argument: {e.sql()}"
+        if key not in self.pre:
+            taken = {n for n, _ in self.pre.values()}
+            n = len(self.pre)
+            while f"_a{n}" in taken:
+                n += 1
+            self.pre[key] = (f"_a{n}", e.copy())
         return self.pre[key][0]
 
 
@@ -263,8 +269,8 @@ class ReduceLowering(LoweringContext):
     ) -> str:
         """The reduce's output column for ``call``: an equal call already registered shares
         it; a new one is named ``prefer`` when free, else ``_aggN``."""
-        arg = grouping.column(call.arg, "a") if call.arg is not None else None
-        order = tuple((grouping.column(e, "a"), d, nf) for e, d, nf in call.order)
+        arg = grouping.argument(call.arg) if call.arg is not None else None
+        order = tuple((grouping.argument(e), d, nf) for e, d, nf in call.order)
         func = call.func
         distinct = call.distinct and func not in ("min", "max")
         if func == "median":
@@ -293,11 +299,14 @@ class ReduceLowering(LoweringContext):
     def aggregate_call(self, n: exp.Expression) -> _Call | None:
         """The aggregate ``n`` calls, or None if it is not one (``n`` is resolved)."""
         where = None
-        if isinstance(n, exp.Filter) and isinstance(n.this, exp.AggFunc):
+        if isinstance(n, exp.Filter) and (
+            is_aggregate(n.this) or isinstance(n.this, exp.WithinGroup)
+        ):
             where = n.expression.this if isinstance(n.expression, exp.Where) else n.expression
             n = n.this
         if isinstance(n, exp.WithinGroup):
-            return self._percentile_call(n)
+            call = self._percentile_call(n)
+            return _filtered(call, where) if where is not None else call
         named = self._function_and_args(n)
         if named is None:
             return None
@@ -309,10 +318,8 @@ class ReduceLowering(LoweringContext):
             params = (self._separator(args, n),)
             args = args[:1]
         arg = self._aggregate_argument(func, args, distinct, n)
-        if where is not None:
-            cond = where.copy()
-            arg = exp.Case(ifs=[exp.If(this=cond, true=arg or exp.Literal.number(1))])
-        return _Call(func, arg, distinct, params, tuple(order))
+        call = _Call(func, arg, distinct, params, tuple(order))
+        return _filtered(call, where) if where is not None else call
 
     def _percentile_call(self, n: exp.WithinGroup) -> _Call:
         """``PERCENTILE_CONT/DISC(fraction) WITHIN GROUP (ORDER BY x)``; other ordered-set
@@ -344,8 +351,8 @@ class ReduceLowering(LoweringContext):
     def _function_and_args(self, n: exp.Expression) -> tuple[str, list[exp.Expression]] | None:
         """The aggregate function ``n`` calls (our name) and its arguments as written, or None
         if ``n`` is no aggregate; an aggregate without a maintained kind is refused."""
-        if isinstance(n, exp.Anonymous) and n.name.lower() in _AGG_ANONYMOUS:
-            return _AGG_ANONYMOUS[n.name.lower()], list(n.expressions)
+        if isinstance(n, exp.Anonymous) and n.name.lower() in ANONYMOUS_AGGREGATES:
+            return ANONYMOUS_AGGREGATES[n.name.lower()], list(n.expressions)
         if not isinstance(n, exp.AggFunc):
             return None
         func = _AGG_CLASSES.get(type(n).__name__)
@@ -402,7 +409,7 @@ class ReduceLowering(LoweringContext):
             raise self.error(f"{func.upper()} takes one argument", n)
         arg = args[0].copy()
         for inner in arg.walk():
-            if isinstance(inner, exp.AggFunc):
+            if is_aggregate(inner):
                 raise self.error("an aggregate inside an aggregate", n)
         return arg
 
@@ -549,7 +556,8 @@ class ReduceLowering(LoweringContext):
             hidden.append((f"_w{len(hidden)}", resolved))
             return hidden[-1][0]
 
-        partition = tuple(column(p) for p in window.args.get("partition_by") or [])
+        # each key once: PARTITION BY c, c (or two outputs of one column) is PARTITION BY c
+        partition = tuple(dict.fromkeys(column(p) for p in window.args.get("partition_by") or []))
         order_node = window.args.get("order")
         if order_node is None or not order_node.expressions:
             raise self.error("ROW_NUMBER() needs ORDER BY in its OVER clause", window)
@@ -605,6 +613,17 @@ class ReduceLowering(LoweringContext):
         )
         keep = ranked.visible + (ranked.rank,)
         return Project(top, tuple((c, exp.column(c)) for c in keep)), rest
+
+
+def _filtered(call: _Call, where: exp.Expression) -> _Call:
+    """``call FILTER (WHERE where)``: its argument is ``CASE WHEN where THEN arg END`` (``1``
+    for ``COUNT(*)``), which every aggregate skips where NULL. An ORDER BY item that is the
+    argument itself orders by that CASE too: the rows it keeps are ordered alike, and
+    ``f(DISTINCT x) ... ORDER BY x`` stays ordered by its argument."""
+    arg = exp.Case(ifs=[exp.If(this=where.copy(), true=call.arg or exp.Literal.number(1))])
+    written = call.arg.sql() if call.arg is not None else None
+    order = tuple((arg.copy() if e.sql() == written else e, d, nf) for e, d, nf in call.order)
+    return replace(call, arg=arg, order=order)
 
 
 def _rank_bound(c: exp.Expression, rank: str) -> int | None:

@@ -27,6 +27,30 @@ from ivm.sql.parse import ParsedView, position, sql_error
 CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
 """What the planner knows of a named collection: its kind and its (lowercase) columns."""
 
+ANONYMOUS_AGGREGATES: dict[str, str] = {
+    "every": "bool_and",
+    "some": "bool_or",
+    "bool_and": "bool_and",
+    "bool_or": "bool_or",
+    "std": "stddev_samp",
+    "stddev_samp": "stddev_samp",
+    "var_samp": "var_samp",
+    "mean": "avg",
+    "string_agg": "string_agg",
+    "listagg": "string_agg",
+}
+"""Aggregates sqlglot parses as anonymous functions (their names in Spark) -> the canonical
+aggregate each is."""
+
+
+def is_aggregate(node: exp.Expression) -> bool:
+    """Whether ``node`` calls an aggregate: one sqlglot knows, or one of
+    :data:`ANONYMOUS_AGGREGATES` (``EVERY``, ``SOME``, ``STD``, ``MEAN`` ...)."""
+    return isinstance(node, exp.AggFunc) or (
+        isinstance(node, exp.Anonymous) and node.name.lower() in ANONYMOUS_AGGREGATES
+    )
+
+
 _NONDETERMINISTIC_ANONYMOUS = {
     "monotonically_increasing_id",
     "spark_partition_id",
@@ -181,9 +205,10 @@ class LoweringContext:
 
     def _refuse_in_expression(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
         """Raise for a node no expression of ``clause`` may hold."""
-        if isinstance(node, exp.AggFunc) and not aggregates:
+        if is_aggregate(node) and not aggregates:
+            name = node.name if isinstance(node, exp.Anonymous) else node.key
             raise self.error(
-                f"aggregate function {node.key.upper()} in {clause}",
+                f"aggregate function {name.upper()} in {clause}",
                 node,
                 construct=f"aggregate in {clause}",
             )
