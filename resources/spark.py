@@ -320,9 +320,13 @@ def get_spark(overrides: Mapping[str, str] | None = None):  # -> SparkSession
     for key, value in conf.items():
         builder = builder.config(key, value)
     if url is None:
-        # PySpark starts its Python workers with $PYSPARK_PYTHON (else `python3` from the
-        # PATH), not with the spark.pyspark.python setting, which only spark-submit reads.
-        if "spark.pyspark.python" in conf:
+        # PySpark starts its Python workers (here, or on a cluster's executors) with
+        # $PYSPARK_PYTHON (else `python3` from the PATH), not with the spark.pyspark.python
+        # setting, which only spark-submit reads. A project's setting wins over the
+        # environment, as it does in spark-submit; the local default does not.
+        if (overrides or {}).get("spark.pyspark.python"):
+            os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
+        elif "spark.pyspark.python" in conf:
             os.environ.setdefault("PYSPARK_PYTHON", conf["spark.pyspark.python"])
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
