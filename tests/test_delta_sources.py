@@ -1,7 +1,9 @@
 """Sources as delta-spark and Databricks write them: deletion vectors and column mapping.
 
 The sources are created and changed by delta-spark itself (``DELETE``, ``UPDATE`` and ``MERGE``
-with deletion vectors on; column mapping by name), and every view is compared after every
+with deletion vectors on; column mapping by name with classic checkpoints, or by id with V2
+checkpoints on a partitioned table; columns renamed and dropped), and every view is compared
+after every
 change with DuckDB over delta-rs's DataFusion scan and with Spark's own from-scratch result,
 on both execution paths: deleted rows never reappear, columns are read by their names in the
 table, not in its files. An append-only table with deletion vectors on and no Change Data Feed
@@ -12,6 +14,7 @@ appends; its first DELETE is refused by name, as for any table without a feed.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -37,14 +40,26 @@ VIEWS = {
 }
 
 DV = "'delta.enableDeletionVectors' = 'true'"
+NAMED = (
+    f"TBLPROPERTIES ({DV}, 'delta.enableChangeDataFeed' = 'true', "
+    "'delta.columnMapping.mode' = 'name', 'delta.checkpointInterval' = '2')"
+)
+"""Column mapping by name, classic checkpoints every second commit."""
+BY_ID_PARTITIONED = (
+    f"PARTITIONED BY (grp) TBLPROPERTIES ({DV}, 'delta.enableChangeDataFeed' = 'true', "
+    "'delta.columnMapping.mode' = 'id', 'delta.checkpointPolicy' = 'v2', "
+    "'delta.checkpointInterval' = '2')"
+)
+"""Column mapping by id, partitioned, V2 checkpoints every second commit."""
 
 
 class SparkLake:
     """Two sources written by delta-spark: ``orders`` (deletion vectors, Change Data Feed,
     column mapping by name) and ``customers`` (deletion vectors, no feed: append-only)."""
 
-    def __init__(self, spark, root, seed: int) -> None:
+    def __init__(self, spark, root, seed: int, layout: str = "") -> None:
         self.spark, self.rng, self.next = spark, random.Random(seed), 0
+        self.layout = layout  # more of the orders table's CREATE: PARTITIONED BY, properties
         self.paths = {"orders": str(root / "orders"), "customers": str(root / "customers")}
 
     def sql(self, text: str) -> None:
@@ -53,8 +68,7 @@ class SparkLake:
     def create(self) -> dict[str, str]:
         self.sql(
             "CREATE TABLE {orders} (id BIGINT, cust INT, grp STRING, amount DECIMAL(10, 2)) "
-            f"USING delta TBLPROPERTIES ({DV}, 'delta.enableChangeDataFeed' = 'true', "
-            "'delta.columnMapping.mode' = 'name')"
+            f"USING delta {self.layout or NAMED}"
         )
         self.sql(
             f"CREATE TABLE {{customers}} (cust INT, label STRING) USING delta TBLPROPERTIES ({DV})"
@@ -99,7 +113,8 @@ def test_views_over_deletion_vectors_and_column_mapping_stay_exact(
     spark, make_project, tmp_path, use_policy, driver
 ):
     use_policy(None if driver else Policy.spark_only())
-    lake = SparkLake(spark, tmp_path / "data", seed=11 if driver else 12)
+    layout = NAMED if driver else BY_ID_PARTITIONED
+    lake = SparkLake(spark, tmp_path / "data", seed=11 if driver else 12, layout=layout)
     root = make_project(VIEWS, lake.create())
     lake.sql("DELETE FROM {orders} WHERE id % 4 = 0")  # a deletion vector before the build
     engine = Engine(root, spark=spark)
@@ -114,6 +129,8 @@ def test_views_over_deletion_vectors_and_column_mapping_stay_exact(
         check(engine, ["joined"])
     history = spark.sql(f"DESCRIBE HISTORY delta.`{lake.paths['orders']}`").collect()
     assert any(int(h.operationMetrics.get("numDeletionVectorsAdded", 0)) for h in history)
+    log = Path(lake.paths["orders"]) / "_delta_log"
+    assert list(log.glob("*.checkpoint*.parquet")) or list(log.glob("*.checkpoint*.json"))
 
 
 def test_an_append_only_table_with_deletion_vectors_and_no_feed(spark, make_project, tmp_path):
