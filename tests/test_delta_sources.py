@@ -122,7 +122,7 @@ def test_views_over_deletion_vectors_and_column_mapping_stay_exact(
     report = engine.refresh()
     assert report.ok, [v.error for v in report.views]
     check(engine, list(VIEWS))
-    for _ in range(3):
+    for _ in range(2):
         lake.random_batch()
         report = Engine(root, spark=spark).refresh()
         assert report.ok, [v.error for v in report.views]
