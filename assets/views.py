@@ -455,19 +455,29 @@ CONSISTENCY_OP = "ivm_consistency"
 FROM_SCRATCH_OP = "ivm_from_scratch"
 
 
-def _consistency_result(key: dg.AssetCheckKey, result: ConsistencyResult) -> dg.AssetCheckResult:
+def _check_result(
+    key: dg.AssetCheckKey, result: Any, metadata: dict[str, Any]
+) -> dg.AssetCheckResult:
+    """A view's check result from the engine's (``ok``, ``describe()``, ``epoch``,
+    ``seconds``) and what else the check reports."""
     return dg.AssetCheckResult(
         asset_key=key.asset_key,
         check_name=key.name,
         passed=result.ok,
         description=result.describe(),
-        metadata={
-            "epoch": result.epoch,
+        metadata={"epoch": result.epoch, **metadata, "seconds": round(result.seconds, 3)},
+    )
+
+
+def _consistency_result(key: dg.AssetCheckKey, result: ConsistencyResult) -> dg.AssetCheckResult:
+    return _check_result(
+        key,
+        result,
+        {
             "table_epoch": result.table_epoch,
             "table_rows": result.table_rows,
             "log_rows": result.log_rows,
             "negative_multiplicities": -1 if result.negative is None else result.negative,
-            "seconds": round(result.seconds, 3),
         },
     )
 
@@ -550,20 +560,16 @@ def _from_scratch_checks(
         engine = Engine(project, spark=spark_factory(pyspark), progress=context.log.info)
         for key in sorted(context.selected_asset_check_keys, key=lambda k: k.asset_key.path):
             result = engine.verify(keys.asset(key.asset_key).name)
-            yield dg.AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=result.ok,
-                description=result.describe(),
-                metadata={
-                    "epoch": result.epoch,
+            yield _check_result(
+                key,
+                result,
+                {
                     "rows_expected": result.expected_rows,
                     "rows_actual": result.actual_rows,
                     "rows_missing": result.missing,
                     "rows_extra": result.extra,
                     "negative_multiplicities": result.negative,
                     "examples": "; ".join(result.examples) or "-",
-                    "seconds": round(result.seconds, 3),
                 },
             )
 
