@@ -565,8 +565,8 @@ def view_changes_by_driver(
     for fs in files:
         rows = pq.read_table(local_path(fs.file.uri), columns=[*columns, TIME, DIFF])
         count_driver_read(fs.file.uri, rows.num_rows)
-        times = rows.column(TIME)
-        inside = pc.and_(pc.greater(times, lo), pc.less_equal(times, hi))
+        at = rows.column(TIME)
+        inside = pc.and_(pc.greater(at, lo), pc.less_equal(at, hi))
         parts.append(rows.filter(inside).select([*columns, *([TIME] if times else []), DIFF]))
         held += parts[-1].nbytes
         if max_bytes is not None and held > max_bytes:

@@ -89,3 +89,28 @@ def test_the_feed_summed_on_the_columns_read_keeps_only_what_they_see() -> None:
     every = consolidated_on(updates, ["k", "name", "amount"])
     assert every is not None and every.num_rows == 5  # only the undone insert is gone
     assert consolidated_on(updates, ["k", "missing"]) is None
+
+
+def test_the_driver_reads_a_logs_updates_in_range_with_or_without_their_time(tmp_path) -> None:
+    """``view_changes_by_driver`` keeps the updates with ``lo < _time <= hi`` and gives
+    ``_time`` only when asked (it once gave it whenever a file had rows)."""
+    import pyarrow.parquet as pq
+
+    from ops.ingest import view_changes_by_driver
+    from resources.lake import DataFile, FileStats
+
+    files = []
+    for i, times in enumerate(([1, 2, 3], [4, 5])):
+        path = tmp_path / f"part-{i}.parquet"
+        rows = pa.table(
+            {"k": list(range(len(times))), "_time": times, "_diff": [1] * len(times)},
+            schema=pa.schema([("k", pa.int64()), ("_time", pa.int64()), ("_diff", pa.int64())]),
+        )
+        pq.write_table(rows, path)
+        files.append(FileStats(DataFile(str(path), {}, rows.num_rows)))
+    plain = view_changes_by_driver(files, ["k"], 1, 4)
+    assert plain is not None and plain.column_names == ["k", "_diff"]
+    assert plain.num_rows == 3
+    timed = view_changes_by_driver(files, ["k"], 1, 4, times=True)
+    assert timed is not None and timed.column_names == ["k", "_time", "_diff"]
+    assert sorted(timed.column("_time").to_pylist()) == [2, 3, 4]
