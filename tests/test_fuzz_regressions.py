@@ -88,7 +88,7 @@ def refreshed_through_batches(
     not_spark: frozenset[str] = frozenset(),
     duckdb: bool = True,
 ) -> set[str]:
-    """Build ``views`` over a random lake and refresh them through four random batches,
+    """Build ``views`` over a random lake and refresh them through three random batches,
     checking every view each time (``not_spark``: views Spark cannot evaluate; ``duckdb``:
     whether DuckDB can); returns the views the driver computed some epoch of."""
     use_policy(None if driver else Policy.spark_only())
@@ -99,7 +99,7 @@ def refreshed_through_batches(
     assert report.ok, [v.error for v in report.views]
     check(engine, not_spark, duckdb)
     by_driver: set[str] = set()
-    for _ in range(4):
+    for _ in range(3):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
