@@ -43,6 +43,7 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -343,12 +344,15 @@ class SourceTable:
             found: dict[str, int] = {}
             if "deletionVectors" in (dt.protocol().reader_features or []):
                 dvs = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
-                for path, kept in zip(
-                    dvs.column("filepath").to_pylist(),
-                    dvs.column("selection_vector").to_pylist(),
-                    strict=True,
-                ):
-                    found[local_path(path)] = len(kept) - sum(kept)
+                kept = dvs.column("selection_vector").combine_chunks()
+                # the deleted (False) entries counted per file in Arrow, not as Python bools
+                deleted = pc.list_value_length(kept).to_numpy(zero_copy_only=False) - np.bincount(
+                    pc.list_parent_indices(kept).to_numpy(),
+                    weights=pc.list_flatten(kept).to_numpy(zero_copy_only=False),
+                    minlength=len(kept),
+                )
+                for path, n in zip(dvs.column("filepath").to_pylist(), deleted, strict=True):
+                    found[local_path(path)] = int(n)
             self._memo[key] = found
         return self._memo[key]
 
