@@ -101,14 +101,21 @@ def _uri(path: str) -> str:
     return path if "://" in path else Path(path).as_uri()
 
 
-def _table_metadata(uri: str) -> dict[str, Any]:
-    """What Dagster shows of any Delta table the engine writes."""
+def _table_metadata(uri: str, registered: str | None = None) -> dict[str, Any]:
+    """What Dagster shows of any Delta table the engine writes; ``registered``: its name in
+    Spark's catalog (a view table under ``[catalog] database``), else the name Spark SQL
+    reads a path table by."""
     return {
         "dagster/uri": dg.MetadataValue.url(_uri(uri)),
-        # No catalog registers the lake's tables: the name Spark SQL reads a path table by.
-        "dagster/table_name": f"delta.`{uri}`",
+        "dagster/table_name": registered or f"delta.`{uri}`",
         "dagster/storage_kind": "delta",
     }
+
+
+def _view_table_metadata(engine: Inspector, name: str) -> dict[str, Any]:
+    database = engine.project.catalog_database
+    registered = None if database is None else f"{database}.{name}"
+    return _table_metadata(engine.layout.view_table(name), registered)
 
 
 SOURCES_OP = "ivm_sources"
@@ -233,7 +240,7 @@ def view_metadata(
     )
     return {
         **result.metadata(),
-        **_table_metadata(table_uri),
+        **_view_table_metadata(engine, name),
         "dagster/row_count": status.rows or 0,
         "dagster/column_schema": columns,
         "dagster/column_lineage": _column_lineage(engine, name, keys or AssetKeys()),
@@ -318,7 +325,7 @@ def _view_spec(
         kinds={"spark", "delta"},
         description=f"View {name} ({Path(plan.file).name}), maintained incrementally.",
         metadata={
-            **_table_metadata(engine.layout.view_table(name)),
+            **_view_table_metadata(engine, name),
             "dagster/column_schema": _column_schema(engine, name),
             "dagster/column_lineage": _column_lineage(engine, name, AssetKeys()),
             "dagster/code_references": dg.CodeReferencesMetadataValue(

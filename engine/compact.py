@@ -35,8 +35,11 @@ from ops.arrange import parquet_options, sorted_by
 from ops.consolidate import accumulate_until, consolidate_until
 from ops.ingest import read_files
 from ops.sink import stage_updates
+from resources.delta_ops import compact_vectors
 from resources.filecache import FILES
 from resources.lake import (
+    commit_history,
+    live_rows,
     local_path,
     open_for_write,
     open_table,
@@ -96,15 +99,14 @@ def _size(uri: str) -> tuple[int, int, int]:
     if dt is None:
         return 0, 0, 0
     actions = pa.table(dt.get_add_actions(flatten=True))
-    rows = int(sum(r or 0 for r in actions.column("num_records").to_pylist()))
-    return rows, int(sum(actions.column("size_bytes").to_pylist())), actions.num_rows
+    return live_rows(dt), int(sum(actions.column("size_bytes").to_pylist())), actions.num_rows
 
 
 def _carried_metadata(uri: str) -> dict[str, str]:
     """The ``ivm.*`` commit metadata a compaction commit must carry on (definition, since,
     log start...), from the newest commit that has some."""
     dt = open_table(uri)
-    for info in dt.history(50) if dt is not None else []:
+    for info in commit_history(dt, 50) if dt is not None else []:
         found = {k: str(v) for k, v in info.items() if k.startswith("ivm.") and k != "ivm.epoch"}
         if found:
             return found
@@ -231,7 +233,14 @@ def _advance(engine: Any, target: _Target, result: TableCompaction) -> None:
 
 
 def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
-    """Rewrite a readable table's small files into fewer (delta-rs OPTIMIZE), same rows."""
+    """Rewrite a readable table's small files into fewer, same rows: delta-rs's OPTIMIZE, or,
+    once the table has deletion vectors, Delta's OPTIMIZE and REORG ... APPLY (PURGE), which
+    also rewrites the files the vectors delete rows from without those rows."""
+    metadata = {**_carried_metadata(uri), COMPACTED: "true"}
+    if compact_vectors(engine.spark, uri, metadata=metadata):
+        result.rows_after, result.bytes_after, result.files_after = _size(uri)
+        FILES.keep_only(local_path(uri), [local_path(f.uri) for f in table_files(uri)])
+        return
     if result.files_before <= 1:
         result.skipped = "nothing to do"
         return
@@ -241,7 +250,7 @@ def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
         epoch = dt.transaction_version(app_id) or 0
         dt.optimize.compact(
             commit_properties=CommitProperties(
-                custom_metadata={**_carried_metadata(uri), COMPACTED: "true"},
+                custom_metadata=metadata,
                 app_transactions=[Transaction(app_id, epoch)],
             )
         )

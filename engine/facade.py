@@ -127,6 +127,10 @@ class Engine(Inspector):
     def spark(self) -> SparkSession:
         return self.session.spark
 
+    def vacuum(self, retention_hours: float = 168.0) -> dict[str, int]:
+        """:meth:`Inspector.vacuum`, with Delta's own VACUUM for tables with deletion vectors."""
+        return self.maintenance.vacuum(retention_hours, self.spark)
+
     def release_spark(self) -> None:
         """Release a Spark Connect session on its server now (nothing for a classic session,
         whose JVM ends with this process)."""

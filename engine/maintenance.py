@@ -24,13 +24,17 @@ from engine.results import ConsistencyResult, ViewStatus
 from ivm import policy
 from ivm.errors import IvmError, SourceError
 from ivm.plan.reduce import state_tables
+from resources.delta_ops import vacuum as delta_vacuum
 from resources.lake import (
     FileStats,
     SourceTable,
+    has_vectors,
     last_commit_metadata,
+    live_rows,
     local_path,
     open_for_write,
     open_table,
+    snapshot_rows,
     table_file_stats,
     table_files,
 )
@@ -49,10 +53,7 @@ class Maintenance:
         cat = self.catalog
         table = cat.layout.view_table(name)
         dt = open_table(table)
-        rows = None
-        if dt is not None:
-            actions = pa.table(dt.get_add_actions(flatten=True))
-            rows = int(sum(r or 0 for r in actions.column("num_records").to_pylist()))
+        rows = None if dt is None else live_rows(dt)
         log_epoch = cat.table_epoch(cat.layout.view_log(name))
         return ViewStatus(name, log_epoch, cat.table_epoch(table), rows)
 
@@ -78,9 +79,9 @@ class Maintenance:
         log_schema = cat.table_schema(log_uri)
         result.log_columns = tuple(n for n in log_schema.names if n not in (TIME, DIFF))
         result.table_rows = sum(
-            f.num_records
-            if f.num_records is not None
-            else pq.ParquetFile(local_path(f.uri)).metadata.num_rows
+            f.live_records
+            if f.live_records is not None
+            else pq.ParquetFile(local_path(f.uri)).metadata.num_rows - f.deleted
             for f in table_files(table_uri)
         )
         files = [
@@ -111,7 +112,7 @@ class Maintenance:
                 f"view {name!r} has not been materialized yet: run `ivm --project "
                 f"{cat.project.root} refresh`"
             )
-        return dt.to_pyarrow_table()
+        return snapshot_rows(dt)
 
     def lake_tables(self) -> list[str]:
         """Every Delta table the engine writes: views, logs, arrangements, state, epochs,
@@ -125,25 +126,32 @@ class Maintenance:
         out += [cat.quarantine_uri(s) for s in cat.project.contracts]
         return [u for u in out if open_table(u) is not None]
 
-    def vacuum(self, retention_hours: float = 168.0) -> dict[str, int]:
+    def vacuum(self, retention_hours: float = 168.0, spark: Any = None) -> dict[str, int]:
         """Delete files no table version within ``retention_hours`` references: files of
         commits that never happened (a crash between writing and committing) and files
         replaced by rebuilds. Readers of older versions need those versions' files, hence
-        the retention (default 7 days). Returns files deleted per table."""
+        the retention (default 7 days). A table with deletion vectors is vacuumed by Delta
+        (``spark``, :func:`resources.delta_ops.vacuum`); without a Spark session, only of the
+        files its versions removed (delta-rs's full vacuum would delete the vectors' files).
+        Returns files deleted per table."""
         out = {}
         for uri in self.lake_tables():
             dt = open_for_write(uri)
-            deleted = dt.vacuum(
-                retention_hours=int(retention_hours),
-                enforce_retention_duration=False,
-                dry_run=False,
-                full=True,  # also files no version ever referenced (never committed)
-            )
-            if deleted:
-                out[self.catalog.app_id(uri)] = len(deleted)
-                self.catalog.progress(
-                    f"vacuum {self.catalog.app_id(uri)}: {len(deleted)} files deleted"
+            vectors = has_vectors(dt)
+            if vectors and spark is not None:
+                deleted = delta_vacuum(spark, uri, retention_hours)
+            else:
+                deleted = len(
+                    dt.vacuum(
+                        retention_hours=int(retention_hours),
+                        enforce_retention_duration=False,
+                        dry_run=False,
+                        full=not vectors,  # also files no version ever referenced
+                    )
                 )
+            if deleted:
+                out[self.catalog.app_id(uri)] = deleted
+                self.catalog.progress(f"vacuum {self.catalog.app_id(uri)}: {deleted} files deleted")
         return out
 
     def status(self) -> dict[str, Any]:

@@ -49,11 +49,10 @@ from typing import Any, Literal, Protocol
 
 import duckdb
 import pyarrow as pa
-from deltalake import QueryBuilder
 
 from ivm.errors import IvmError
 from ivm.sql.parse import parse_view
-from resources.lake import open_table
+from resources.lake import open_table, snapshot_rows
 
 MEMORY_LIMIT = "4GB"
 """DuckDB's memory cap here (its default is 80% of the machine): past it, it spills to disk.
@@ -305,13 +304,6 @@ class Comparison:
         }
 
 
-def _scanned(dt: Any) -> pa.Table:
-    """A Delta snapshot as delta-rs's DataFusion scan reads it: deletion vectors applied,
-    columns by their logical names (its pyarrow dataset refuses tables with either feature)."""
-    reader = QueryBuilder().register("snapshot", dt).execute("SELECT * FROM snapshot")
-    return pa.table(reader.read_all())
-
-
 def _dataset(dt: Any) -> Any:
     """A Delta snapshot as a pyarrow dataset DuckDB scans file by file, reading only the
     columns it needs. Strings are read as ``string_view``: DuckDB pushes its filters down
@@ -348,7 +340,7 @@ def duckdb_evaluate(engine: Any, epoch: int | None = None) -> dict[str, pa.Table
                 raise IvmError(f"source {name!r}: no table at {source.uri}")
             features = set(dt.protocol().reader_features or [])
             scanned = "deletionVectors" in features or source.column_mapping(version)
-            con.register(f"__src_{name}", _scanned(dt) if scanned else _dataset(dt))
+            con.register(f"__src_{name}", snapshot_rows(dt) if scanned else _dataset(dt))
             valid = engine.contract_predicate(name, "duckdb")  # a contract's valid rows
             where = f" WHERE {valid}" if valid else ""
             con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "__src_{name}"{where}')

@@ -47,6 +47,7 @@ from ops.ingest import (
 )
 from ops.sink import TableChange, append_updates, apply_to_table
 from ops.stateless.spark import evaluation_error, spark_sql
+from resources.delta_ops import register_table
 from resources.faults import crash_point
 from resources.lake import CommitResult, commit_files
 
@@ -292,12 +293,17 @@ class ViewRefresh:
         else:
             change = self._apply(at, result, table_meta, stale, logged)
         crash_point("table_committed")
+        database = cat.project.catalog_database
+        if database is not None and register_table(self.session.spark, database, name, table_uri):
+            cat.progress(f"{name}: registered as {database}.{name} in Spark's catalog")
         result.timings["table"] = time.perf_counter() - t0
         result.commit_versions["table"] = change.commit.version
         result.inserted, result.deleted = change.inserted, change.deleted
         result.rows_changed = change.inserted + change.deleted
         result.files_rewritten = change.files_rewritten
         result.rows_rewritten = change.rows_rewritten
+        if change.choice is not None:
+            result.table_write = f"{change.choice.strategy.value}: {change.choice.reason}"
         result.seconds = time.perf_counter() - at.started
         cat.progress(
             f"{name}: epoch {at.table_done} -> {at.target}: +{change.inserted} "

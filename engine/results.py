@@ -27,9 +27,11 @@ class ViewResult:
     timings: dict[str, float] = field(default_factory=dict)
     log_files_read: int = 0
     # The readable table's files that held deleted rows, rewritten without them (copy on
-    # write), and the rows those files held: the part of a refresh that grows with the table.
+    # write), and the rows written that the change did not insert (those files' rows; with
+    # deletion vectors, the copies of a row held more times than deleted).
     files_rewritten: int = 0
     rows_rewritten: int = 0
+    table_write: str | None = None  # how the table's change was written, and why
     commit_versions: dict[str, int | None] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)  # arrangement -> LookupStats
     inputs_changed: bool = True  # False: nothing it reads changed; only its epoch moved
@@ -63,6 +65,7 @@ class ViewResult:
             "driver_declined": list(self.driver_declined),
             "files_rewritten": self.files_rewritten,
             "table_rows_rewritten": self.rows_rewritten,
+            **({"table_write": self.table_write} if self.table_write else {}),
             "log_files_read": self.log_files_read,
             **({"spark_jobs": self.spark_jobs} if self.spark_jobs is not None else {}),
             **({"spark_job_group": self.spark_job_group} if self.spark_job_group else {}),

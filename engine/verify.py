@@ -27,8 +27,7 @@ from ivm.errors import IvmError
 from ivm.sql.lower import referenced_tables
 from ivm.sql.parse import parse_view
 from ops import DIFF, TIME
-from ops.ingest import read_files, view_changes
-from resources.lake import table_files
+from ops.ingest import read_table, view_changes
 
 
 def _rows(df: DataFrame) -> DataFrame:
@@ -93,7 +92,7 @@ class Verifier:
         expected = named(self.from_scratch(name, epoch))
         actual = named(log_rows)
         if table_epoch == epoch:  # the table must hold exactly the log's rows
-            table = named(read_files(spark, table_files(table_uri), cat.table_schema(table_uri)))
+            table = named(read_table(spark, table_uri, cat.table_schema(table_uri)))
             actual = actual.unionByName(table.exceptAll(actual)).exceptAll(actual.exceptAll(table))
         else:
             result.examples.append(f"table at epoch {table_epoch} is behind its log: refresh")

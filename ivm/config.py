@@ -30,7 +30,19 @@ CONFIG_ENV = "IVM_PROJECT"
 """Environment variable naming the ``ivm.toml`` (or its directory) the Dagster location loads."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_KNOWN_KEYS = {"lake", "views", "sources", "contracts", "spark", "refresh", "policy", "dagster"}
+_KNOWN_KEYS = {
+    "lake",
+    "views",
+    "sources",
+    "contracts",
+    "spark",
+    "refresh",
+    "policy",
+    "dagster",
+    "catalog",
+}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+"""A catalog database: ``schema`` or ``catalog.schema`` (Unity Catalog's three levels)."""
 
 AUTOMATIONS = ("eager", "on_cron", "none")
 """How Dagster keeps views fresh (``[dagster] automation``): refresh when an input changed,
@@ -79,6 +91,12 @@ class Project:
         automation: the automation condition the Dagster location gives the epoch,
             arrangements and views (``[dagster] automation``, one of :data:`AUTOMATIONS`).
         automation_cron: the cron schedule of ``on_cron`` (``[dagster] cron``).
+        catalog_database: the database of Spark's catalog each view table is registered in
+            (``[catalog] database``), so Spark SQL reads ``database.view``; None: none is.
+        metastore: a folder for an embedded Hive metastore (``[catalog] metastore``) that
+            Spark sessions started with this project use (their ``[spark]`` settings get it),
+            for a Spark without a metastore of its own; None: the session's catalog as
+            configured (Unity Catalog, a Hive metastore service, Glue...).
     """
 
     root: Path
@@ -94,6 +112,8 @@ class Project:
     policy: Policy | None = None
     automation: str = "eager"
     automation_cron: str = DEFAULT_AUTOMATION_CRON
+    catalog_database: str | None = None
+    metastore: str | None = None
 
     def view_files(self) -> list[Path]:
         """The project's view files, sorted by name."""
@@ -183,13 +203,17 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
     policy = data.get("policy", {})
     if not isinstance(policy, dict):
         raise ConfigError(f"{file}: [policy] must be a table of policy settings")
+    database, metastore = _catalog_settings(f"{file}: [catalog]", root, data.get("catalog", {}))
+    spark_conf = {str(k): str(v) for k, v in spark_conf.items()}
+    if metastore is not None:
+        spark_conf = {**metastore_settings(metastore), **spark_conf}
     return Project(
         root=root,
         config_file=file.resolve(),
         lake=lake,
         views_dir=views_dir,
         sources=sources,
-        spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+        spark_conf=spark_conf,
         contracts=contracts,
         parallelism=parallelism,
         recompute_above=recompute_above,
@@ -197,7 +221,41 @@ def load_project(path: str | os.PathLike[str] | None = None) -> Project:
         policy=Policy.from_config(policy, f"{file}: [policy]") if "policy" in data else None,
         automation=automation,
         automation_cron=automation_cron,
+        catalog_database=database,
+        metastore=metastore,
     )
+
+
+def _catalog_settings(where: str, root: Path, table: object) -> tuple[str | None, str | None]:
+    """``[catalog]``'s database and metastore folder, checked (errors start with ``where``)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f'{where} must be a table (database = "analytics", metastore = ...)')
+    unknown = sorted(set(table) - {"database", "metastore"})
+    if unknown:
+        raise ConfigError(f"{where} has unknown key {unknown[0]!r} (expected database, metastore)")
+    database = table.get("database")
+    if database is not None and (not isinstance(database, str) or not _NAME.fullmatch(database)):
+        raise ConfigError(
+            f"{where} database must be a name like analytics or main.analytics, not {database!r}"
+        )
+    metastore = table.get("metastore")
+    if metastore is not None and not isinstance(metastore, str):
+        raise ConfigError(f"{where} metastore must be a folder path, not {metastore!r}")
+    if metastore is not None and database is None:
+        raise ConfigError(f"{where} metastore is used only with a database")
+    return database, None if metastore is None else _resolve(root, metastore)
+
+
+def metastore_settings(folder: str) -> dict[str, str]:
+    """Spark settings for an embedded Hive metastore (Derby) and warehouse under ``folder``:
+    the catalog a local Spark keeps between sessions. Derby lets one JVM open it at a time."""
+    return {
+        "spark.sql.catalogImplementation": "hive",
+        "spark.hadoop.javax.jdo.option.ConnectionURL": (
+            f"jdbc:derby:;databaseName={folder}/metastore_db;create=true"
+        ),
+        "spark.sql.warehouse.dir": f"{folder}/warehouse",
+    }
 
 
 def _dagster_settings(where: str, table: object) -> tuple[str, str]:

@@ -95,6 +95,14 @@ class Policy:
     """Up to this many rows in the files a change may delete from, the driver rewrites them."""
     driver_insert_bytes: int = 512 * MIB
     """Most bytes of Arrow memory an insert-only change may take on the driver."""
+    deletion_vectors: bool = True
+    """Whether a readable table may take deletions as deletion vectors (one delta-spark
+    MERGE; the table gets the feature the first time). Off, deletions rewrite files: for
+    tables that readers without deletion vector support open."""
+    rewrite_copy_rows: int = 200_000
+    """A deletion whose file rewrite would copy this many untouched rows or more is marked in
+    deletion vectors instead; ``0``: every deletion is. Rows written per refresh stay under
+    the rows changed plus this many."""
     per_row_prune_files: int = 8
     """When the deleted rows' range still overlaps this many files, find the files row by row."""
     prune_columns: int = 8

@@ -70,6 +70,9 @@ def read_files(
         options: Parquet reader options for these scans only (Spark passes a scan's options
             to the Parquet reader's configuration).
     """
+    vectored = [f.uri for f in files if f.deleted]
+    if vectored:  # its Parquet rows include the deleted ones
+        raise InvariantViolation(f"{vectored[0]} has a deletion vector: only Delta may read it")
     spark_schema = from_arrow_schema(schema)
     data_schema = from_arrow_schema(
         pa.schema([f for f in schema if f.name not in partition_columns])
@@ -133,6 +136,16 @@ def delta_snapshot(spark: SparkSession, source: SourceTable, version: int) -> Da
     """The source at ``version`` as delta-spark reads it (deletion vectors applied, columns by
     their logical names)."""
     return spark.read.format("delta").option("versionAsOf", version).load(source.uri)
+
+
+def read_table(spark: SparkSession, uri: str, schema: pa.Schema) -> DataFrame:
+    """One of the engine's own tables (``schema``: its Arrow schema), current version: its
+    Parquet files read directly, or by Delta's own reader (delta-spark) once some file carries
+    a deletion vector (a view table's deletions, :mod:`ops.sink`)."""
+    files = table_files(uri)
+    if any(f.deleted for f in files):
+        return spark.read.format("delta").load(uri).select(*[f"`{c}`" for c in schema.names])
+    return read_files(spark, files, schema)
 
 
 def delta_feed(spark: SparkSession, source: SourceTable, lower: int, upper: int) -> pa.Table:
@@ -602,7 +615,7 @@ def view_state(
 ) -> DataFrame:
     """A view's contents at epoch ``at`` as ``+1``-weighted updates at time ``at``."""
     if table_epoch == at:
-        df = read_files(spark, table_files(table_uri), table_schema)
+        df = read_table(spark, table_uri, table_schema)
         return df.withColumn(TIME, F.lit(at).cast("bigint")).withColumn(
             DIFF, F.lit(1).cast("bigint")
         )

@@ -28,7 +28,8 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import date
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,7 @@ from ops.log_sink import (
     stage_updates,
 )
 from ops.rows import null_safe_matches
+from resources.delta_ops import OP, enable_vectors, merge_change, quoted
 from resources.faults import crash_point
 from resources.filecache import FILES, MAX_CHUNKS
 from resources.lake import (
@@ -65,11 +67,13 @@ from resources.lake import (
     collect_staged,
     commit_files,
     count_driver_read,
+    deleted_positions,
     local_path,
     remove_action,
     stage_arrow,
     staging_uri,
     table_file_stats,
+    table_lock,
     transaction_version,
 )
 
@@ -94,7 +98,6 @@ __all__ = [
     "stage_updates",
     "without_rows",
 ]
-
 
 
 @dataclass
@@ -130,6 +133,12 @@ class Strategy(enum.Enum):
     """Deletions: Spark reads the candidate files once and writes the rows no deletion names,
     in their order, and the inserted rows (counted on the driver: the same scan counts the
     deleted rows' copies; counted by Spark: a join against the deleted rows counts them)."""
+    DELETE_BY_VECTORS = "deletion vectors by delta-spark"
+    """Deletions marked in deletion vectors, with the inserted rows, by one delta-spark MERGE
+    (:func:`resources.delta_ops.merge_change`; the table gets the feature the first time): no
+    file is rewritten. A row the table holds more times than the change deletes loses every
+    copy and gets the rest back as inserted rows (counted first by one Spark job), so the
+    rows written are the inserted rows plus those copies."""
     REFUSE = "refuse"
     """Deletions that no file of the table may hold: nothing is written."""
 
@@ -195,6 +204,10 @@ class Known:
     """Files of the table that may hold a deleted row."""
     candidate_rows: int | None = 0
     """Rows in those files; None when a file's count is unknown."""
+    vectored: int = 0
+    """Candidate files with a deletion vector (only Delta's reader reads them)."""
+    comparable: bool = True
+    """Every column compares by ``<=>`` in a MERGE condition (no map)."""
 
 
 def choose(known: Known, policy: Policy) -> Choice:
@@ -217,6 +230,9 @@ def choose(known: Known, policy: Policy) -> Choice:
         return Choice(Strategy.APPEND_BY_SPARK, "the change deletes no row")
     if not known.candidates:
         return Choice(Strategy.REFUSE, "no file of the table may hold a deleted row")
+    why_rewrite = _no_vectors(known, policy)
+    if why_rewrite is None:
+        return Choice(Strategy.DELETE_BY_VECTORS, _why_vectors(known, policy))
     why_not = _no_driver_rewrite(known, policy)
     if why_not is None:
         return Choice(
@@ -225,6 +241,33 @@ def choose(known: Known, policy: Policy) -> Choice:
             f"driver_rewrite_rows ({policy.driver_rewrite_rows})",
         )
     return Choice(Strategy.REWRITE_BY_SPARK, why_not)
+
+
+def _no_vectors(known: Known, policy: Policy) -> str | None:
+    """Why deletions rewrite the candidate files rather than mark deletion vectors; None when
+    they mark vectors."""
+    if known.vectored:
+        return None  # such a file is read by Delta alone: no rewrite of ours may read it
+    if not policy.deletion_vectors:
+        return "the policy keeps deletion vectors off"
+    if not known.comparable:
+        return "a column (a map) cannot be compared in a MERGE condition"
+    copied = None if known.candidate_rows is None else known.candidate_rows - known.deleted
+    if copied is not None and copied < policy.rewrite_copy_rows:
+        return (
+            f"a rewrite copies {copied} rows, under rewrite_copy_rows ({policy.rewrite_copy_rows})"
+        )
+    return None
+
+
+def _why_vectors(known: Known, policy: Policy) -> str:
+    if known.vectored:
+        return f"{known.vectored} candidate files carry deletion vectors"
+    if known.candidate_rows is None:
+        return "a candidate file's row count is unknown"
+    copied = known.candidate_rows - known.deleted
+    limit = policy.rewrite_copy_rows
+    return f"a rewrite would copy {copied} rows, rewrite_copy_rows ({limit}) or more"
 
 
 def _no_driver_insert(known: Known, policy: Policy) -> str | None:
@@ -403,6 +446,8 @@ class _Sized:
     """The change, when counted on the driver."""
     deletes: pa.Table | None = None
     """Its deleted rows, when counted on the driver."""
+    bounds: Mapping[str, tuple] = field(default_factory=dict)
+    """Per prunable column, the deleted rows' lowest and highest value (none NULL)."""
 
     @property
     def existing_rows(self) -> int:
@@ -432,7 +477,7 @@ def _size(how: Sizing, table: _Table, change: _Change, policy: Policy) -> _Sized
         if deleted and not change.overwrite
         else []
     )
-    return _Sized(inserted, deleted, candidates, rows, deletes)
+    return _Sized(inserted, deleted, candidates, rows, deletes, bounds)
 
 
 def _known(change: _Change, sized: _Sized, how: Sizing) -> Known:
@@ -448,7 +493,19 @@ def _known(change: _Change, sized: _Sized, how: Sizing) -> Known:
         deleted=sized.deleted,
         candidates=len(sized.candidates),
         candidate_rows=sized.existing_rows if sized.counted else None,
+        vectored=sum(1 for f in sized.candidates if f.deleted),
+        comparable=not any(_has_map(f.dataType) for f in change.net.schema.fields),
     )
+
+
+def _has_map(t: T.DataType) -> bool:
+    if isinstance(t, T.MapType):
+        return True
+    if isinstance(t, T.ArrayType):
+        return _has_map(t.elementType)
+    if isinstance(t, T.StructType):
+        return any(_has_map(f.dataType) for f in t.fields)
+    return False
 
 
 def _prune_condition(delta: DataFrame, stats: DataFrame, columns: Sequence[str]) -> Column:
@@ -661,6 +718,186 @@ def _rewrite_by_spark(
     )
 
 
+def _delete_by_vectors(
+    table: _Table, change: _Change, sized: _Sized, choice: Choice, policy: Policy
+) -> TableChange:
+    """:data:`Strategy.DELETE_BY_VECTORS`: under the table's lock, the copies the table holds
+    of each deleted row counted (:func:`_held_copies`), then one MERGE deletes them and
+    inserts the inserted rows and the copies held beyond those deleted; Delta's metrics of
+    the MERGE must say the same."""
+    spark, uri = table.spark, table.uri
+    target = _target_filter(change, sized.bounds)
+    with table_lock(uri):
+        if table.applied():
+            return _already_applied(table)
+        kept, short = _held_copies(table, change, sized, target, policy)
+        if short is not None:
+            return _refused(table, short)
+        enable_vectors(spark, uri)
+        crash_point("vectors_enabled")
+        commit, metrics = merge_change(
+            spark,
+            uri,
+            _merge_source(table, change, sized, kept),
+            change.columns,
+            app_id=table.app_id,
+            epoch=table.epoch,
+            metadata=table.metadata,
+            target_filter=target,
+        )
+    if metrics is None:
+        return _already_applied(table)
+    copies = 0 if kept is None else kept.num_rows
+    if (metrics.deleted, metrics.inserted) != (sized.deleted + copies, sized.inserted + copies):
+        raise InvariantViolation(
+            f"view {table.label!r} epoch {table.epoch}: the MERGE deleted {metrics.deleted} and "
+            f"inserted {metrics.inserted} rows, expected {sized.deleted + copies} and "
+            f"{sized.inserted + copies}: run `ivm verify --repair {table.label}`"
+        )
+    rewritten = copies + metrics.copied
+    return TableChange(commit, sized.inserted, sized.deleted, 0, rewritten, choice)
+
+
+def _held_copies(
+    table: _Table, change: _Change, sized: _Sized, target: str | None, policy: Policy
+) -> tuple[pa.Table | None, _Short | None]:
+    """The copies of deleted rows the table holds beyond those deleted (to insert again),
+    and the first row it holds fewer times than deleted: counted by the driver from the
+    candidate files when it holds the deleted rows and the files' rows are at most
+    ``driver_rewrite_rows`` (:func:`_held_by_driver`), else by Spark
+    (:func:`_held_by_spark`)."""
+    small = sized.counted and sized.existing_rows <= policy.driver_rewrite_rows
+    if sized.deletes is not None and policy.driver and small and exact_types(change.net.schema):
+        deletes = sized.deletes.select([*change.columns, DIFF])
+        return _kept_copies(deletes, _held_by_driver(table, change, sized), change.columns)
+    return _held_by_spark(table, change, sized, target, policy)
+
+
+def _held_by_driver(table: _Table, change: _Change, sized: _Sized) -> np.ndarray:
+    """Per deleted row of ``sized.deletes``, the copies the candidate files hold: each file
+    read by the driver (its cache of decoded files), the rows its deletion vector deletes
+    left out; no Spark job."""
+    assert sized.deletes is not None
+    wanted = sized.deletes.select(list(change.columns)).cast(change.schema)
+    held = np.zeros(wanted.num_rows, dtype=np.int64)
+    gone = deleted_positions(table.uri, sized.candidates)
+    for f in sized.candidates:
+        path = local_path(f.uri)
+        rows, decoded = FILES.read(path, change.schema)
+        if decoded:
+            count_driver_read(f.uri, rows.num_rows)
+        pairs = null_safe_matches(rows, wanted, change.columns)
+        keys = pairs.column("_key").to_numpy()
+        if path in gone and len(keys):
+            keys = keys[~np.isin(pairs.column("_row").to_numpy(), gone[path])]
+        held += np.bincount(keys, minlength=len(held))
+    return held
+
+
+def _held_by_spark(
+    table: _Table, change: _Change, sized: _Sized, target: str | None, policy: Policy
+) -> tuple[pa.Table | None, _Short | None]:
+    """:func:`_held_copies` by one Spark job: the table's rows (Delta's reader; ``target``
+    skips files) joined with the deleted rows, only the rows whose count differs from the
+    deletion brought back."""
+    spark, columns = table.spark, change.columns
+    keyed, matches = _named(_deleted_rows(table, change, sized), columns)
+    rows = spark.read.format("delta").load(table.uri).alias("t")
+    if target is not None:
+        rows = rows.where(F.expr(target))
+    if sized.deleted <= policy.driver_change_rows:
+        keyed = F.broadcast(keyed)
+    keys = [f"_k{i}" for i in range(len(columns))]
+    held = (
+        rows.join(keyed, matches)
+        .groupBy(*keys)
+        .agg(F.count(F.lit(1)).alias("_held"))
+        .select(*[F.col(k).alias(f"_h{k}") for k in keys], "_held")
+    )
+    same = F.lit(True)
+    for k in keys:
+        same = same & F.col(k).eqNullSafe(F.col(f"_h{k}"))
+    found = (
+        keyed.join(held, same, "left")
+        .select(*keys, "_del", F.coalesce(F.col("_held"), F.lit(0)).alias("_held"))
+        .where(F.col("_held") != F.col("_del"))
+        .toArrow()
+    )
+    deletes = found.select(keys).rename_columns(list(columns))
+    deletes = deletes.append_column(DIFF, pc.negate(found.column("_del")))
+    return _kept_copies(deletes, found.column("_held").to_pylist(), columns)
+
+
+def _deleted_rows(table: _Table, change: _Change, sized: _Sized) -> DataFrame:
+    """The change's deleted rows ``(columns..., _diff)``: from the driver's copy when it
+    counted them (no second read of the change), else from the change."""
+    if sized.deletes is None:
+        return change.net.where(F.col(DIFF) < 0)
+    return _local_rows(table, change, sized.deletes, [*change.columns, DIFF])
+
+
+def _local_rows(
+    table: _Table, change: _Change, rows: pa.Table, columns: Sequence[str]
+) -> DataFrame:
+    """Rows the driver holds as a Spark DataFrame of the change's types."""
+    types = {**change.types, DIFF: T.LongType()}
+    df = table.spark.createDataFrame(rows.select(list(columns)))
+    return df.select(*[F.col(f"`{c}`").cast(types[c]).alias(c) for c in columns])
+
+
+def _merge_source(
+    table: _Table, change: _Change, sized: _Sized, kept: pa.Table | None
+) -> DataFrame:
+    """The MERGE's source: each deleted row once as ``D``; each inserted row ``_diff`` times,
+    and ``kept``'s rows, as ``I``."""
+    cols = [F.col(f"`{c}`") for c in change.columns]
+    net = (
+        change.net
+        if sized.rows is None
+        else _local_rows(table, change, sized.rows, [*change.columns, DIFF])
+    )
+    deletes = net.where(F.col(DIFF) < 0).select(*cols, F.lit("D").alias(OP))
+    inserts = _copies(net.where(F.col(DIFF) > 0), cols, F.col(DIFF)).select(
+        *cols, F.lit("I").alias(OP)
+    )
+    source = deletes.unionByName(inserts)
+    if kept is not None:
+        again = _local_rows(table, change, kept, change.columns)
+        source = source.unionByName(again.select(*cols, F.lit("I").alias(OP)))
+    return source
+
+
+def _target_filter(change: _Change, bounds: Mapping[str, tuple]) -> str | None:
+    """A SQL condition on the table's rows (as ``t``) that every deleted row meets: each
+    prunable column within the deleted rows' range (Delta skips the files outside it)."""
+    parts = []
+    for c, (lo, hi) in bounds.items():
+        low, high = _sql_literal(lo, change.types[c]), _sql_literal(hi, change.types[c])
+        if low is not None and high is not None:
+            parts.append(f"t.{quoted(c)} BETWEEN {low} AND {high}")
+    return " AND ".join(parts) or None
+
+
+def _sql_literal(value: object, dtype: T.DataType) -> str | None:
+    r"""``value`` as a Spark SQL literal of ``dtype`` (integers, decimals, dates, strings);
+    None for another type.
+
+    >>> print(_sql_literal("it's", T.StringType()))
+    'it\'s'
+    >>> _sql_literal(__import__("decimal").Decimal("1E+2"), T.DecimalType(10, 2))
+    "CAST('100' AS decimal(10,2))"
+    """
+    if isinstance(dtype, T.StringType) and isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(dtype, (T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+        return str(int(value))  # type: ignore[call-overload]
+    if isinstance(dtype, T.DecimalType):
+        return f"CAST('{format(value, 'f')}' AS {dtype.simpleString()})"
+    if isinstance(dtype, T.DateType) and isinstance(value, date):
+        return f"DATE'{value.isoformat()}'"
+    return None
+
+
 def _stage_by_spark(
     table: _Table, change: _Change, rows: DataFrame, *, small: bool
 ) -> StagedFiles | _Short:
@@ -693,8 +930,6 @@ def _with_kept(table: _Table, change: _Change, staged: StagedFiles, kept: pa.Tab
     return StagedFiles(
         staged.adds + more.adds, staged.rows + more.rows, staged.bytes + more.bytes, staged.schema
     )
-
-
 
 
 def _named(
@@ -1129,6 +1364,7 @@ _STRATEGIES: dict[Strategy, Callable[[_Table, _Change, _Sized, Choice, Policy], 
     Strategy.APPEND_BY_SPARK: _append_by_spark,
     Strategy.REWRITE_BY_DRIVER: _rewrite_by_driver,
     Strategy.REWRITE_BY_SPARK: _rewrite_by_spark,
+    Strategy.DELETE_BY_VECTORS: _delete_by_vectors,
     Strategy.REFUSE: _refuse,
 }
 """The function writing each strategy's change."""

@@ -69,12 +69,16 @@ def jars_dir() -> Path:
 def delta_settings() -> dict[str, str]:
     """The Spark settings that load Delta: its jars (fetched first if they are not there:
     :func:`ensure_jars`), listed one by one (Spark ships each to a cluster's executors; a
-    glob reaches the driver's class path only), its SQL extension and its catalog."""
+    glob reaches the driver's class path only), its SQL extension and its catalog, and the
+    partitions Delta rebuilds a table's state in: one (its default, 50, makes every
+    snapshot a job of 50 tasks; the engine's tables checkpoint every 10 commits, so a state
+    is small; a project's ``[spark]`` table overrides it)."""
     jars = sorted(str(p) for p in ensure_jars(say=_tell).glob("*.jar"))
     return {
         "spark.jars": ",".join(jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.databricks.delta.snapshotPartitions": "1",
     }
 
 

@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, Schema, write_deltalake
+from deltalake import DeltaTable, QueryBuilder, Schema, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import (
     AddAction,
@@ -251,11 +251,19 @@ def spark_compatible(table: pa.Table) -> pa.Table:
 
 @dataclass(frozen=True, slots=True)
 class DataFile:
-    """A Parquet file of a Delta table: absolute URI, partition values, row count."""
+    """A Parquet file of a Delta table: absolute URI, partition values, row count (of the
+    Parquet file) and the rows its deletion vector deletes (0 without one): only Delta's own
+    reader may read a file with ``deleted`` rows."""
 
     uri: str
     partition_values: Mapping[str, str | None]
     num_records: int | None
+    deleted: int = 0
+
+    @property
+    def live_records(self) -> int | None:
+        """The rows a Delta reader reads from the file (its deletion vector applied)."""
+        return None if self.num_records is None else self.num_records - self.deleted
 
 
 class SourceTable:
@@ -340,20 +348,7 @@ class SourceTable:
         vector (files without one left out; empty when the table has no such feature)."""
         key = (version, "deletion_vectors")
         if key not in self._memo:
-            dt = self.table(version)
-            found: dict[str, int] = {}
-            if "deletionVectors" in (dt.protocol().reader_features or []):
-                dvs = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
-                kept = dvs.column("selection_vector").combine_chunks()
-                # the deleted (False) entries counted per file in Arrow, not as Python bools
-                deleted = pc.list_value_length(kept).to_numpy(zero_copy_only=False) - np.bincount(
-                    pc.list_parent_indices(kept).to_numpy(),
-                    weights=pc.list_flatten(kept).to_numpy(zero_copy_only=False),
-                    minlength=len(kept),
-                )
-                for path, n in zip(dvs.column("filepath").to_pylist(), deleted, strict=True):
-                    found[local_path(path)] = int(n)
-            self._memo[key] = found
+            self._memo[key] = vector_deletions(self.table(version))
         return self._memo[key]
 
     def needs_delta_reader(self, version: int) -> str | None:
@@ -452,18 +447,95 @@ def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
+def has_vectors(dt: DeltaTable) -> bool:
+    """Whether the table's protocol allows deletion vectors (some file may carry one)."""
+    return "deletionVectors" in (dt.protocol().reader_features or [])
+
+
+def _vectors(dt: DeltaTable) -> pa.Table | None:
+    """delta-rs's deletion vectors of ``dt``'s snapshot (``filepath``, ``selection_vector``:
+    per row of the file, whether it is kept; rows past its end are kept), or None when the
+    table has no such feature."""
+    if not has_vectors(dt):
+        return None
+    return _SNAPSHOTS.memo(
+        dt, "vectors", lambda: pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
+    )
+
+
+def vector_deletions(dt: DeltaTable) -> dict[str, int]:
+    """The rows each data file of ``dt``'s snapshot has deleted by a deletion vector, by the
+    file's local path (files without one left out; empty when the table has no such
+    feature)."""
+    dvs = _vectors(dt)
+    found: dict[str, int] = {}
+    if dvs is None:
+        return found
+    kept = dvs.column("selection_vector").combine_chunks()
+    # the deleted (False) entries counted per file in Arrow, not as Python bools
+    deleted = pc.list_value_length(kept).to_numpy(zero_copy_only=False) - np.bincount(
+        pc.list_parent_indices(kept).to_numpy(),
+        weights=pc.list_flatten(kept).to_numpy(zero_copy_only=False),
+        minlength=len(kept),
+    )
+    for path, n in zip(dvs.column("filepath").to_pylist(), deleted, strict=True):
+        if n:
+            found[local_path(path)] = int(n)
+    return found
+
+
+def deleted_positions(table_uri: str, files: Sequence[DataFile]) -> dict[str, np.ndarray]:
+    """For each of ``files`` with a deletion vector, the positions (ascending) of the rows it
+    deletes, by the file's local path."""
+    wanted = {local_path(f.uri) for f in files if f.deleted}
+    dt = open_table(table_uri) if wanted else None
+    dvs = None if dt is None else _vectors(dt)
+    if dvs is None:
+        return {}
+    out = {}
+    for path, kept in zip(
+        dvs.column("filepath").to_pylist(), dvs.column("selection_vector"), strict=True
+    ):
+        if local_path(path) in wanted:
+            out[local_path(path)] = np.flatnonzero(~kept.values.to_numpy(zero_copy_only=False))
+    return out
+
+
+def live_rows(dt: DeltaTable) -> int:
+    """The rows a Delta reader reads from ``dt``'s snapshot, from its log: the files' row
+    counts less the rows their deletion vectors delete (a file without a count counts 0)."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    counted = int(pc.sum(actions.column("num_records")).as_py() or 0)
+    return counted - sum(vector_deletions(dt).values())
+
+
+def snapshot_rows(dt: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
+    """A table's rows at ``dt``'s version as a Delta reader reads them: by delta-rs's pyarrow
+    reader, or, when the table has deletion vectors or column mapping (which that reader
+    refuses), by its DataFusion scan, which applies them."""
+    features = set(dt.protocol().reader_features or [])
+    if not features & {"deletionVectors", "columnMapping"}:
+        return dt.to_pyarrow_table(columns=None if columns is None else list(columns))
+    names = "*" if columns is None else ", ".join(f'"{c}"' for c in columns)
+    reader = QueryBuilder().register("snapshot", dt).execute(f"SELECT {names} FROM snapshot")
+    return spark_compatible(pa.table(reader.read_all()))
+
+
 def _data_files(dt: DeltaTable) -> list[DataFile]:
     actions = pa.table(dt.get_add_actions(flatten=True))
     parts = [c for c in actions.column_names if c.startswith("partition.")]
     root = local_path(dt.table_uri.rstrip("/"))
+    deleted = vector_deletions(dt)
     out = []
     for row in actions.to_pylist():
         pv = {c[len("partition.") :]: row[c] for c in parts}
+        uri = _join_uri(root, row["path"])
         out.append(
             DataFile(
-                _join_uri(root, row["path"]),
+                uri,
                 {k: (None if v is None else str(v)) for k, v in pv.items()},
                 row.get("num_records"),
+                deleted.get(local_path(uri), 0),
             )
         )
     return out
@@ -1034,9 +1106,11 @@ def table_file_stats(table_uri: str, columns: Sequence[str]) -> list[FileStats]:
         return []
     actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
     root = local_path(dt.table_uri.rstrip("/"))
+    deleted = vector_deletions(dt)
     out = []
     for row in actions:
-        f = DataFile(_join_uri(root, row["path"]), {}, row.get("num_records"))
+        uri = _join_uri(root, row["path"])
+        f = DataFile(uri, {}, row.get("num_records"), deleted.get(local_path(uri), 0))
         fs = FileStats(f)
         for c in columns:
             if row.get(f"min.{c}") is not None:
@@ -1052,10 +1126,26 @@ def last_commit_metadata(table_uri: str, key: str, depth: int = 50) -> dict[str,
     dt = open_table(table_uri)
     if dt is None:
         return None
-    for info in _SNAPSHOTS.memo(dt, f"history {depth}", lambda: dt.history(depth)):
+    for info in _SNAPSHOTS.memo(dt, f"history {depth}", lambda: commit_history(dt, depth)):
         if key in info:
             return info
     return None
+
+
+def commit_history(dt: DeltaTable, depth: int) -> list[dict[str, Any]]:
+    """The newest ``depth`` commit infos, newest first, each with the engine's metadata as
+    keys whoever committed it: delta-rs's custom metadata is there already; delta-spark's
+    (:mod:`resources.delta_ops`) is the JSON object in ``userMetadata``."""
+    out = []
+    for info in dt.history(depth):
+        user = info.get("userMetadata")
+        if isinstance(user, str) and user.startswith("{"):
+            try:
+                info = {**json.loads(user), **info}
+            except json.JSONDecodeError:
+                pass  # another writer's free text: not ours
+        out.append(info)
+    return out
 
 
 def now_utc() -> datetime:

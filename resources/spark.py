@@ -210,9 +210,13 @@ def spark_conf(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     conf.update(overrides or {})
     if remote_url(overrides) is None:
         # Delta's reader and writer (delta-spark): its jars (fetched on first use), SQL
-        # extension and catalog; a project's own jars and extensions join Delta's.
+        # extension and catalog; a project's own jars and extensions join Delta's, its other
+        # settings win.
         for key, value in delta_settings().items():
-            theirs = [v for v in conf.get(key, "").split(",") if v] if key in _LISTS else []
+            if key not in _LISTS:
+                conf.setdefault(key, value)
+                continue
+            theirs = [v for v in conf.get(key, "").split(",") if v]
             conf[key] = ",".join([value, *(v for v in theirs if v not in value.split(","))])
     if conf["spark.master"].startswith("local") and "spark.pyspark.python" not in conf:
         # Python workers (exact floating-point results, ops.reduce.floatsum) run this interpreter,

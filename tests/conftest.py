@@ -97,6 +97,15 @@ def make_project(tmp_path: Path) -> ProjectFactory:
     return make
 
 
+@pytest.fixture(autouse=True)
+def _policy_per_test() -> Iterator[None]:
+    """Each test starts with the policy in force before it: an engine installs its project's
+    ``[policy]`` for the whole process, which must not reach the tests after it."""
+    before = policy.current()
+    yield
+    policy.install(before)
+
+
 @pytest.fixture
 def use_policy() -> Iterator[Callable[..., Policy]]:
     """``use_policy(p=None, **changes)`` puts ``p`` (default: the current policy) with

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from engine.cli import main
 from engine.compact import compact, storage_report, targets
 from engine.facade import Engine
-from resources.lake import replace_files
+from resources.lake import replace_files, table_files
 from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
@@ -88,3 +88,27 @@ def test_compaction_leaves_a_table_another_writer_moved(spark, make_project, tmp
     )
     assert done is None
     assert DeltaTable(uri).to_pyarrow_table().num_rows == rows
+
+
+def test_compaction_purges_deletion_vectors(spark, make_project, tmp_path, use_policy):
+    """View tables that took deletions as deletion vectors are compacted by Delta (OPTIMIZE,
+    REORG ... APPLY (PURGE)): afterwards no file has deleted rows, the rows and the tables'
+    epochs are the same, and refreshes go on; Delta's VACUUM keeps what the tables need."""
+    use_policy(rewrite_copy_rows=0)
+    views = {**VIEWS, "item_rows": "CREATE VIEW item_rows AS SELECT id, grp, qty FROM items"}
+    lake, engine = built_random_lake(spark, make_project, tmp_path, views, 23)
+    for _ in range(2):
+        lake.random_batch()
+        assert engine.refresh().ok
+    tables = {v: engine.layout.view_table(v) for v in views}
+    epochs = {v: engine.table_epoch(t) for v, t in tables.items()}
+    assert any(f.deleted for t in tables.values() for f in table_files(t))
+    report = compact(engine, retention_hours=0)
+    compacted = {t.table: t for t in report.tables if t.kind == "table"}
+    assert all(t.rows_after == t.rows_before for t in compacted.values()), compacted
+    assert not [f for t in tables.values() for f in table_files(t) if f.deleted]
+    assert {v: engine.table_epoch(t) for v, t in tables.items()} == epochs
+    check_all(engine)
+    lake.random_batch()
+    assert engine.refresh().ok
+    check_all(engine)

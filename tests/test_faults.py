@@ -12,7 +12,7 @@ import pytest
 
 from engine.facade import Engine
 from resources.faults import ENV
-from resources.lake import open_table
+from resources.lake import open_table, table_files
 from tests.lakegen import JoinLake
 from tests.test_oracle import check_all
 
@@ -35,17 +35,26 @@ POINTS = [
 ]
 
 
-def test_killed_refreshes_rerun_exactly_once(spark, make_project, tmp_path):
+SPARK = '[spark]\n"spark.master" = "local[1]"\n"spark.ui.enabled" = "false"\n'
+SPARK += '"spark.sql.shuffle.partitions" = "1"\n'
+
+
+@pytest.mark.parametrize(
+    ("policy", "points"),
+    [
+        ("deletion_vectors = false", POINTS),
+        # the table's deletions by one delta-spark MERGE: killed after the feature was
+        # enabled and before the MERGE, and after it
+        ("rewrite_copy_rows = 0", ["vectors_enabled", "table_committed"]),
+    ],
+    ids=["files rewritten", "deletion vectors"],
+)
+def test_killed_refreshes_rerun_exactly_once(spark, make_project, tmp_path, policy, points):
     lake = JoinLake(tmp_path / "data", 8)
-    root = make_project(
-        VIEWS,
-        lake.create(),
-        extra='[spark]\n"spark.master" = "local[1]"\n"spark.ui.enabled" = "false"\n'
-        '"spark.sql.shuffle.partitions" = "1"',
-    )
+    root = make_project(VIEWS, lake.create(), extra=f"{SPARK}[policy]\n{policy}\n")
     engine = Engine(root, spark=spark)
     assert engine.refresh().ok
-    for point in POINTS:
+    for point in points:
         lake.random_batch()
         proc = subprocess.run(
             [sys.executable, "-m", "engine.cli", "--project", str(root), "-q", "refresh"],
@@ -63,6 +72,14 @@ def test_killed_refreshes_rerun_exactly_once(spark, make_project, tmp_path):
         for view in VIEWS:
             commits = open_table(engine.layout.view_log(view)).history()
             assert len(commits) == epochs, (point, view, len(commits), epochs)
+            table = engine.layout.view_table(view)
+            assert open_table(table).transaction_version(engine.app_id(table)) == epochs
+    if "staged" not in points:
+        assert any(f.deleted for v in VIEWS for f in table_files(engine.layout.view_table(v))), (
+            "the view tables should have deletion vectors"
+        )
+        check_all(engine)
+        return
     # The files the "staged" crash wrote were never committed: vacuum removes them.
     orphans = [p for p in (root / "lake").rglob("*.parquet") if not _referenced(engine, p)]
     assert orphans, "the staged crash should have left uncommitted files"

@@ -12,7 +12,7 @@ import pytest
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, table_multiset
 from ivm.policy import Policy
-from resources.lake import local_path
+from resources.lake import local_path, table_files
 from tests.lakegen import RandomLake
 
 pytestmark = pytest.mark.spark
@@ -85,14 +85,23 @@ def built_random_lake(
 
 
 @pytest.mark.parametrize(
-    ("seed", "driver_writes"),
-    [(7, True), (2024, False)],
-    ids=["small changes written by the driver", "every file written by Spark"],
+    ("seed", "mode"),
+    [(7, "driver"), (2024, "spark"), (31, "vectors")],
+    ids=[
+        "small changes written by the driver",
+        "every file written by Spark",
+        "deletions as deletion vectors",
+    ],
 )
-def test_random_batches_match_duckdb(
-    spark, make_project, tmp_path, use_policy, seed, driver_writes
-):
-    use_policy(None if driver_writes else Policy.spark_only())
+def test_random_batches_match_duckdb(spark, make_project, tmp_path, use_policy, seed, mode):
+    driver_writes = mode != "spark"
+    use_policy(
+        Policy.spark_only()
+        if mode == "spark"
+        else Policy(rewrite_copy_rows=0)
+        if mode == "vectors"
+        else None
+    )
     lake, engine = built_random_lake(spark, make_project, tmp_path, VIEWS, seed)
     for round_ in range(4):
         summary = lake.random_batch()
@@ -109,6 +118,10 @@ def test_random_batches_match_duckdb(
         else:
             assert not by_driver
         check_all(engine)
+    if mode == "vectors":  # the view tables took their deletions as deletion vectors
+        tables = [engine.layout.view_table(v) for v in VIEWS]
+        assert any(f.deleted for t in tables for f in table_files(t)), tables
+        return
     # Every file of the last epoch (logs, state, arrangements, tables) came from one writer.
     files = glob.glob(
         f"{local_path(engine.layout.root)}/**/*-e{engine.latest_epoch():08d}-*/*.parquet",

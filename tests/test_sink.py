@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -29,6 +29,7 @@ from ivm.errors import InvariantViolation
 from ivm.policy import Policy
 from ops import DIFF
 from ops.sink import Known, Sizing, Strategy, apply_to_table, choose, sizing
+from resources.lake import snapshot_rows
 from tests.lakegen import parquet_writers
 
 pytestmark = pytest.mark.spark
@@ -67,24 +68,38 @@ class Way:
     local: bool
     rewrite: Strategy
 
+    @property
+    def vectors(self) -> bool:
+        return self.rewrite is Strategy.DELETE_BY_VECTORS
+
 
 @pytest.fixture(
-    params=["spark", "sized", "driver"],
-    ids=["by Spark", "sized on the driver", "rewritten by the driver"],
+    params=["spark", "sized", "driver", "vectors"],
+    ids=["by Spark", "sized on the driver", "rewritten by the driver", "deletion vectors"],
 )
 def way(request: pytest.FixtureRequest) -> Iterator[Way]:
-    """The three ways a change reaches the table: sized and its files found by Spark jobs;
-    sized on the driver and the files rewritten by Spark; both on the driver."""
+    """The four ways a change reaches the table: sized and its files found by Spark jobs;
+    sized on the driver and the files rewritten by Spark; both on the driver; deletions
+    marked in deletion vectors by delta-spark (sized on the driver)."""
     if request.param == "sized":
         with ivm.policy.using(driver_rewrite_rows=0):
             yield Way(True, Strategy.REWRITE_BY_SPARK)
+    elif request.param == "vectors":
+        with ivm.policy.using(rewrite_copy_rows=0):
+            yield Way(True, Strategy.DELETE_BY_VECTORS)
     else:
         local = request.param == "driver"
         yield Way(local, Strategy.REWRITE_BY_DRIVER if local else Strategy.REWRITE_BY_SPARK)
 
 
 def contents(uri: str) -> Counter:
-    return Counter(tuple(r.values()) for r in DeltaTable(uri).to_pyarrow_table().to_pylist())
+    """The table's rows as Delta reads them (deletion vectors applied)."""
+    return Counter(tuple(r.values()) for r in snapshot_rows(DeltaTable(uri)).to_pylist())
+
+
+def spark_contents(spark, uri: str) -> Counter:
+    """The table's rows as delta-spark reads them."""
+    return Counter(tuple(r) for r in spark.read.format("delta").load(uri).collect())
 
 
 SMALL_REWRITE = Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driver=True)
@@ -118,7 +133,22 @@ SMALL_REWRITE = Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driv
         (
             Known(deleted=1, candidates=2, candidate_rows=None, sized_on_driver=True),
             Policy(),
+            "DELETE_BY_VECTORS",
+        ),
+        (
+            Known(deleted=1, candidates=2, candidate_rows=None, sized_on_driver=True),
+            Policy(deletion_vectors=False),
             "REWRITE_BY_SPARK",
+        ),
+        (SMALL_REWRITE, Policy(rewrite_copy_rows=100), "REWRITE_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(rewrite_copy_rows=99), "DELETE_BY_VECTORS"),
+        (SMALL_REWRITE, Policy.spark_only(rewrite_copy_rows=0), "DELETE_BY_VECTORS"),
+        (replace(SMALL_REWRITE, vectored=1), Policy(), "DELETE_BY_VECTORS"),
+        (replace(SMALL_REWRITE, vectored=1), Policy(deletion_vectors=False), "DELETE_BY_VECTORS"),
+        (
+            replace(SMALL_REWRITE, comparable=False),
+            Policy(rewrite_copy_rows=0),
+            "REWRITE_BY_DRIVER",
         ),
         (
             Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driver=True, exact=False),
@@ -163,14 +193,21 @@ def test_deletes_rewrite_only_the_files_that_may_hold_them(spark, tmp_path: Path
     )
     assert change.choice is not None and change.choice.strategy is way.rewrite
     assert (change.inserted, change.deleted) == (1, 3)
-    # A NULL key is deleted, so only names prune: the file of epoch 3 (names z1-z2) is
-    # outside the deleted rows' range (a-y) and stays untouched.
-    assert change.files_rewritten == 2 and change.rows_rewritten == 6 + 3
-    assert contents(uri) == Counter(
-        {(1, "a"): 2, (2, "b"): 1, (None, "n"): 1, (10, "x"): 1, (11, "y"): 1, (5, "e"): 1}
-        | {(20, "z1"): 1, (21, "z2"): 1}
+    if way.vectors:  # every copy of (1, a), (None, n), (11, y) deleted; 2 + 1 + 1 put back
+        assert (change.files_rewritten, change.rows_rewritten) == (0, 4)
+    else:
+        # A NULL key is deleted, so only names prune: the file of epoch 3 (names z1-z2) is
+        # outside the deleted rows' range (a-y) and stays untouched.
+        assert change.files_rewritten == 2 and change.rows_rewritten == 6 + 3
+    assert (
+        contents(uri)
+        == spark_contents(spark, uri)
+        == Counter(
+            {(1, "a"): 2, (2, "b"): 1, (None, "n"): 1, (10, "x"): 1, (11, "y"): 1, (5, "e"): 1}
+            | {(20, "z1"): 1, (21, "z2"): 1}
+        )
     )
-    for path in DeltaTable(uri).file_uris():  # every file stays sorted
+    for path in [] if way.vectors else DeltaTable(uri).file_uris():  # every file stays sorted
         keys = pq.read_table(path).column("k").to_pylist()
         present = [k for k in keys if k is not None]
         assert present == sorted(present), path
@@ -190,7 +227,7 @@ def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, way: Way) -> No
     # The deleted rows span every file's range of keys and names; row by row, only the
     # first file (0, and the NULL key by its name) and the last (81) may hold them.
     change = apply(spark, uri, 10, (0, "a", -1), (None, "zz", -1), (81, "a", -1), local=way.local)
-    assert (change.files_rewritten, change.rows_rewritten) == (2, 3 + 2)
+    assert (change.files_rewritten, change.rows_rewritten) == ((0, 0) if way.vectors else (2, 5))
     assert contents(uri) == before - Counter({(0, "a"): 1, (None, "zz"): 1, (81, "a"): 1})
     # Under per_row_prune_files files, the deleted rows' range alone finds the candidates:
     # 1-80 overlaps every file. Spark rewrites them all; the driver replaces only the two
@@ -199,7 +236,7 @@ def test_many_files_are_pruned_row_by_row(spark, tmp_path: Path, way: Way) -> No
     with ivm.policy.using(per_row_prune_files=files + 1):
         change = apply(spark, uri, 11, (1, "a", -1), (80, "a", -1), local=way.local)
     by_spark = way.rewrite is Strategy.REWRITE_BY_SPARK
-    assert change.files_rewritten == (files if by_spark else 2)
+    assert change.files_rewritten == (files if by_spark else 0 if way.vectors else 2)
     assert contents(uri) == before - Counter({(1, "a"): 1, (80, "a"): 1})
 
 
