@@ -78,8 +78,6 @@ class Policy:
     cold_file_rows: int = 50_000
     """A file of at most this many rows not yet in the driver's memory counts as held: decoding
     it costs less than a Spark job."""
-    cold_read_rows: int = 24_000_000
-    """Most rows of files not yet in the driver's memory that a lookup decodes into its cache."""
 
     # -- sources -----------------------------------------------------------------------------
     ordered_max_files: int = 64
@@ -99,10 +97,12 @@ class Policy:
     """Whether a readable table may take deletions as deletion vectors (one delta-spark
     MERGE; the table gets the feature the first time). Off, deletions rewrite files: for
     tables that readers without deletion vector support open."""
-    rewrite_copy_rows: int = 200_000
+    rewrite_copy_rows: int = 4_000_000
     """A deletion whose file rewrite would copy this many untouched rows or more is marked in
     deletion vectors instead; ``0``: every deletion is. Rows written per refresh stay under
-    the rows changed plus this many."""
+    the rows changed plus this many. Below it a rewrite measured faster (the driver's, up to
+    ``driver_rewrite_rows``; a MERGE scans the table): lower it to trade refresh time for
+    proportional writes (BENCHMARKS.md, "Readable tables")."""
     per_row_prune_files: int = 8
     """When the deleted rows' range still overlaps this many files, find the files row by row."""
     prune_columns: int = 8
@@ -111,16 +111,6 @@ class Policy:
     broadcast_deletes: int = 1_000_000
     """Up to this many deleted rows, Spark's rewrite ships them to every task (no shuffle of
     the table's rows); beyond, it joins by sorting both sides."""
-
-    # -- rows the driver holds ---------------------------------------------------------------
-    prefilter_rows: int = 10_000
-    """Past this many rows, NULL-safe matching first keeps the rows whose first column holds
-    one of the keys' values, and joins those only."""
-    narrow_enough_rows: int = 4_096
-    """A sorted key's binary search stops descending into the key's next column once this
-    many rows are left (0: it descends every column)..."""
-    narrow_enough_per_key: int = 4
-    """... or this many per wanted key."""
 
     def __post_init__(self) -> None:
         for name in _POSITIVE:

@@ -692,23 +692,15 @@ def _probed(
 
 
 def _in_memory(files: Sequence[DataFile], schema: pa.Schema, policy: Policy) -> bool:
-    """Whether the driver holds ``files`` decoded, or can decode them now and keep them, so
-    that a lookup probes them in memory rather than in a Spark scan: a file of at most
-    ``policy.cold_file_rows`` rows counts as held (decoding it whole costs less than a Spark
-    job); the others not held yet must hold at most ``policy.cold_read_rows`` rows the cache
-    has room for (decoded once, every later lookup probes them; the cache's budget bounds
-    what stays)."""
+    """Whether the driver holds ``files`` decoded, so that a lookup probes them in memory
+    rather than in a Spark scan: a file of at most ``policy.cold_file_rows`` rows counts as
+    held (decoding it whole costs less than a Spark job)."""
     if FILES.budget_bytes == 0 or not files:
         return False
     types = spark_compatible_schema(schema)
-    cold = [
-        f
+    return all(
+        (f.num_records or 0) <= policy.cold_file_rows or FILES.holds(local_path(f.uri), types)
         for f in files
-        if (f.num_records or 0) > policy.cold_file_rows
-        and not FILES.holds(local_path(f.uri), types)
-    ]
-    return sum(f.num_records or 0 for f in cold) <= policy.cold_read_rows and all(
-        FILES.would_keep(local_path(f.uri), types) for f in cold
     )
 
 

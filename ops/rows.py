@@ -8,10 +8,7 @@ file stored sorted by them (an arrangement's, a state table's) by binary search,
 proportional to the keys and the rows found, not to the file. Neither reads time or diff:
 callers filter, sum or check those. :func:`cast_loss` says, from the types alone, whether rows
 convert to another schema without losing or refusing a value (so the driver decides before it
-writes anything whether it holds them as Spark would). How early matching and searching
-narrow the rows are the policy's ``prefilter_rows``, ``narrow_enough_rows`` and
-``narrow_enough_per_key`` (:func:`ivm.policy.current`, read at call time): they change the
-work done, never the rows found.
+writes anything whether it holds them as Spark would).
 """
 
 from __future__ import annotations
@@ -25,40 +22,33 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ivm.policy import current
-
 
 def null_safe_matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
     """Every pair ``(_row, _key)`` of a row of ``rows`` and a row of ``keys`` whose
     ``columns`` are equal, NULL equal to NULL, as positions (int64), ordered by ``_row``.
 
     Arrow's joins never match NULLs, so each column is compared as (is null, value with NULLs
-    filled by one value both sides share). Past the policy's ``prefilter_rows`` rows, the
-    rows whose first column holds one of the keys' values (a hash lookup per row) are kept
-    first, and only those joined.
+    filled by one value both sides share). The rows whose first column holds one of the
+    keys' values (a hash lookup per row) are kept first, and only those joined.
 
     >>> a = pa.table({"k": [1, None, 2, None]})
     >>> null_safe_matches(a, pa.table({"k": [None, 2]}), ["k"]).to_pydict()
     {'_row': [1, 2, 3], '_key': [0, 1, 0]}
     """
-    positions = None
-    if rows.num_rows > current().prefilter_rows and keys.num_rows:
-        # the rows whose first column is among the keys' only
-        first = keys.column(columns[0])
-        hit = pc.is_in(rows.column(columns[0]), value_set=pc.unique(first), skip_nulls=True)
-        if first.null_count:
-            hit = pc.or_(hit, pc.is_null(rows.column(columns[0])))
-        positions = pc.indices_nonzero(hit)
-        rows = rows.select(list(columns)).take(positions)
-    pairs = _pairs(rows, keys, columns)
-    if positions is None:
-        return pairs
+    if rows.num_rows == 0 or keys.num_rows == 0:
+        return pa.table({"_row": pa.array([], pa.int64()), "_key": pa.array([], pa.int64())})
+    first = keys.column(columns[0])
+    hit = pc.is_in(rows.column(columns[0]), value_set=pc.unique(first), skip_nulls=True)
+    if first.null_count:
+        hit = pc.or_(hit, pc.is_null(rows.column(columns[0])))
+    positions = pc.indices_nonzero(hit).cast(pa.int64())
+    pairs = _pairs(rows.select(list(columns)).take(positions), keys, columns)
     return pa.table({"_row": positions.take(pairs.column("_row")), "_key": pairs.column("_key")})
 
 
 def _pairs(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
     """:func:`null_safe_matches` by a join of every row."""
-    if rows.num_rows == 0 or keys.num_rows == 0:
+    if rows.num_rows == 0:
         return pa.table({"_row": pa.array([], pa.int64()), "_key": pa.array([], pa.int64())})
     left, right, on = {}, {}, []
     for i, c in enumerate(columns):
@@ -110,21 +100,16 @@ class SortedKey:
         return SortedKey(columns, numbers)
 
     def positions(self, wanted: pa.Table) -> np.ndarray:
-        """Ascending positions (int64) of a superset of the rows whose key equals a row of
-        ``wanted`` (its columns in the key's order, NULL equal to NULL): exact in the
-        columns searched, which stop once few rows are left: at most the policy's
-        ``narrow_enough_rows``, or ``narrow_enough_per_key`` per wanted key (the caller's
-        test of every key column on so few rows costs less than another level of
-        searches)."""
-        policy = current()
+        """Ascending positions (int64) of the rows whose key equals a row of ``wanted`` (its
+        columns in the key's order, NULL equal to NULL), by binary search column after
+        column."""
         n = len(self.columns[0])
         wanted = self._in_range(wanted)
         alive = np.arange(wanted.num_rows)  # the wanted keys whose range is not empty
         lo = np.zeros(wanted.num_rows, dtype=np.int64)
         hi = np.full(wanted.num_rows, n, dtype=np.int64)
         for j, column in enumerate(self.columns):
-            enough = max(policy.narrow_enough_rows, policy.narrow_enough_per_key * len(lo))
-            if not len(lo) or _spanned(lo, hi) <= enough:
+            if not len(lo):
                 break
             values = wanted.column(j).combine_chunks().cast(column.type)
             # each range left, its wanted values at once (grouped first: a range narrowed
@@ -216,12 +201,6 @@ def _ascending(columns: Sequence[pa.Array]) -> bool:
         equal = pc.or_(pc.and_(a_null, b_null), pc.fill_null(pc.and_(both, pc.equal(a, b)), False))
         ok = pc.or_(less, equal) if ok is None else pc.or_(less, pc.and_(equal, ok))
     return ok is None or bool(pc.all(ok).as_py())
-
-
-def _spanned(lo: np.ndarray, hi: np.ndarray) -> int:
-    """Rows in the distinct ranges ``[lo[i], hi[i])`` (equal ``lo``, equal range)."""
-    lo, first = np.unique(lo, return_index=True)
-    return int((hi[first] - lo).sum())
 
 
 def _numbers(values: pa.Array) -> np.ndarray | None:

@@ -150,7 +150,7 @@ def test_lookup_returns_the_state_of_exactly_the_keys_asked(
 def test_the_policy_chooses_each_lookup_strategy(tmp_path, monkeypatch) -> None:
     """``lookup_strategy`` decides from sizes known before reading: pushed down while the
     keys' pages times ``push_ratio`` stay under the live rows, unless the driver holds the
-    files (or may decode them: ``cold_file_rows``, ``cold_read_rows``); else read once, by the
+    files (a file of at most ``cold_file_rows`` rows counts as held); else read once, by the
     driver unless a key is NULL or ``driver_lookup_rows`` is 0 (``Policy.spark_only``)."""
     S, choose = arrange.Strategy, arrange.lookup_strategy
     schema = pa.schema([("K", pa.int64()), ("v", pa.int64())])
@@ -173,10 +173,8 @@ def test_the_policy_chooses_each_lookup_strategy(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(arrange, "FILES", FileCache(1 << 30))
     in_memory = choose(3, False, 1_000_000, [small], schema, default)
     assert in_memory[0] is S.DRIVER_MEMORY, in_memory  # small enough to decode: held
-    cold = default.replace(cold_file_rows=0)  # decoded into the cache: up to cold_read_rows
-    assert choose(3, False, 1_000_000, [small], schema, cold)[0] is S.DRIVER_MEMORY
-    colder = cold.replace(cold_read_rows=9)
-    assert choose(3, False, 1_000_000, [small], schema, colder)[0] is S.PUSHED_DOWN
+    cold = default.replace(cold_file_rows=0)  # neither held nor small: Spark's scan
+    assert choose(3, False, 1_000_000, [small], schema, cold)[0] is S.PUSHED_DOWN
     assert choose(3, True, 1_000_000, [small], schema, default)[0] is S.PUSHED_DOWN
     for off in (default.replace(driver_lookup_rows=0), Policy.spark_only()):
         assert choose(3, False, 1_000_000, [small], schema, off)[0] is S.PUSHED_DOWN
@@ -189,25 +187,22 @@ def _stored_with(keys: list[int], as_of: int) -> int:
     return sum(1 for i in ids if i % 20_000 in wanted)
 
 
-def _cached(
-    arrangement, monkeypatch, policy: Callable[..., Policy]
-) -> tuple[FileCache, pa.Schema, list, int]:
+def _cached(arrangement, monkeypatch) -> tuple[FileCache, pa.Schema, list, int]:
     """A cache of its own for the lookups of a test, and the arrangement's schema, files and
-    rows. Binary search narrows down to the keys' rows whatever the files' sizes."""
+    rows."""
     cache = FileCache(1 << 30)
     monkeypatch.setattr(arrange, "FILES", cache)
-    policy(narrow_enough_rows=0, narrow_enough_per_key=0)
     uri = arrangement[0]
     files = table_files(uri)
     schema = pa.schema(open_table(uri).schema().to_arrow())
     return cache, schema, files, sum(f.num_records for f in files)
 
 
-def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch, policy) -> None:
+def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatch) -> None:
     """With a cache, a read-once lookup decodes each file whole once; later lookups, of many
     keys or of few (which would otherwise be pushed down into a Spark scan), probe the
     decoded rows in memory: the same state, no Parquet scan, nothing decoded again."""
-    cache, schema, files, total = _cached(arrangement, monkeypatch, policy)
+    cache, schema, files, total = _cached(arrangement, monkeypatch)
     uri, first_state, state = arrangement
     big = max(f.num_records for f in files)
     assert big > ivm.policy.current().cold_file_rows  # else a few keys would probe it at once
@@ -224,8 +219,7 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
         return stats, sum(after[f] - before.get(f, 0) for f in after), scans
 
     few = random.Random(7).sample(range(20_000), 7)
-    policy(cold_read_rows=big - 1)  # too many rows to decode cold
-    stats, decoded, scans = look(few, 2)  # so: pushed down into Spark's scan
+    stats, decoded, scans = look(few, 2)  # files not held: pushed down into Spark's scan
     assert scans and decoded == 0 and cache.stats.misses == 0
     stats, decoded, scans = look(random.Random(8).sample(range(20_000), 3_000), 2)
     assert not scans and decoded == stats.rows_scanned == total and stats.rows_in_memory == 0
@@ -240,30 +234,6 @@ def test_lookups_probe_the_files_the_driver_holds(spark, arrangement, monkeypatc
     assert cache.held_bytes == 0
     stats, decoded, scans = look(few, 2)
     assert scans and decoded == 0
-
-
-def test_few_keys_decode_cold_files_the_cache_keeps(
-    spark, arrangement, monkeypatch, policy
-) -> None:
-    """A lookup of few keys into files not held yet decodes them whole when the cache has
-    room and they hold at most ``cold_read_rows`` rows (then every later lookup probes them
-    in memory), instead of a pushed-down Spark scan that never fills the cache: SF3's
-    ``lineitem`` arrangement, whose keys per lookup are always few next to its 18M rows."""
-    cache, schema, files, total = _cached(arrangement, monkeypatch, policy)
-    uri, _, state = arrangement
-    keys = random.Random(9).sample(range(20_000), 7)
-    for round_ in range(2):
-        wanted = spark.createDataFrame([(k,) for k in keys], "k bigint")
-        before = driver_reads()
-        df, stats = arrange.lookup(spark, uri, schema, ["k"], wanted, 2, measure=True)
-        got = Counter({(r["k"], r["v"]): r[DIFF] for r in df.collect()})
-        assert got == Counter({kv: n for kv, n in state.items() if kv[0] in set(keys)})
-        after = driver_reads()
-        assert not [n for n in arrange.executed_nodes(df) if n.nodeName().startswith("Scan")]
-        decoded = sum(after[f] - before.get(f, 0) for f in after)
-        assert decoded == (total if round_ == 0 else 0)
-        assert stats.rows_in_memory == (0 if round_ == 0 else _stored_with(keys, 2))
-    assert cache.stats.misses == len(files)
 
 
 @pytest.mark.parametrize("null_safe", [False, True])
