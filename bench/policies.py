@@ -5,7 +5,7 @@ in turn and in a rotating order, gets a change batch of the same size and refres
 policy (``ivm.policy.using``). Each variant names the policy fields it changes, e.g.
 ``no-driver-lookups:driver_lookup_rows=0``; the variant ``default`` is always measured. Prints
 per variant the median, minimum and maximum refresh seconds and the median's ratio to the
-default's, then checks every view against DuckDB (a faster wrong answer measures nothing).
+default's, and the readable tables' rows written against the rows the views changed, then checks every view against DuckDB (a faster wrong answer measures nothing).
 
 Usage: ``python -m bench.policies --scale 1 --rounds 5 'name:field=value[,field=value]' ...``
 (``./dev`` sets up the environment: ``.venv/bin/python -m bench.policies``). Timings are
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the build failed")
     change = args.change * REFERENCE_SCALE / args.scale
     seconds: dict[str, list[float]] = {name: [] for name in variants}
+    written: dict[str, list[int]] = {name: [] for name in variants}
+    changed: dict[str, list[int]] = {name: [] for name in variants}
     names = list(variants)
     seed = 1
     for r in range(args.rounds + 1):  # round 0 warms every variant up, unmeasured
@@ -77,14 +79,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"{name}: {[v.error for v in report.views if v.error]}")
             if r:
                 seconds[name].append(took)
+                written[name].append(sum(v.inserted + v.rows_rewritten for v in report.views))
+                changed[name].append(sum(v.rows_changed for v in report.views))
     base = statistics.median(seconds["default"])
     say(f"SF {args.scale:g}, {args.rounds} refreshes per variant, {change:.3%} of orders each")
-    say(f"{'variant':<28} {'median':>8} {'min':>7} {'max':>7} {'vs default':>10}")
+    say(
+        f"{'variant':<28} {'median':>8} {'min':>7} {'max':>7} {'vs default':>10} "
+        f"{'table rows written':>18} {'rows changed':>12}"
+    )
     for name, values in seconds.items():
         median = statistics.median(values)
         say(
             f"{name:<28} {median:>7.2f}s {min(values):>6.2f}s {max(values):>6.2f}s "
-            f"{median / base:>9.2f}x"
+            f"{median / base:>9.2f}x {statistics.median(written[name]):>18,.0f} "
+            f"{statistics.median(changed[name]):>12,.0f}"
         )
     check_views(engine, f"SF {args.scale:g} after {seed - 1} batches")
     return 0

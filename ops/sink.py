@@ -137,8 +137,10 @@ class Strategy(enum.Enum):
     """Deletions marked in deletion vectors, with the inserted rows, by one delta-spark MERGE
     (:func:`resources.delta_ops.merge_change`; the table gets the feature the first time): no
     file is rewritten. A row the table holds more times than the change deletes loses every
-    copy and gets the rest back as inserted rows (counted first by one Spark job), so the
-    rows written are the inserted rows plus those copies."""
+    copy and gets the rest back as inserted rows (counted first: by the driver from the
+    candidate files, or by one Spark job), so the rows written are the inserted rows plus
+    those copies. The MERGE scans the table to find the rows, so its time grows with the
+    table (BENCHMARKS.md): the policy keeps rewrites below ``rewrite_copy_rows``."""
     REFUSE = "refuse"
     """Deletions that no file of the table may hold: nothing is written."""
 
