@@ -219,8 +219,15 @@ def vacuum(spark: SparkSession, uri: str, retention_hours: float) -> int:
     ``retention_hours`` references, and files never committed. Returns the files deleted
     (counted on a local table; 0 elsewhere)."""
     before = _files(uri)
-    check = {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}
-    with table_lock(uri), _session_settings(spark, check):
+    settings = {
+        "spark.databricks.delta.retentionDurationCheck.enabled": "false",
+        # Delta lists the table's folders in a job of this many tasks (Spark's default,
+        # 10,000 tasks, made even a small table's VACUUM slow: BENCHMARKS.md)
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": spark.conf.get(
+            "spark.sql.shuffle.partitions", "200"
+        ),
+    }
+    with table_lock(uri), _session_settings(spark, settings):
         spark.sql(f"VACUUM {path_table(uri)} RETAIN {max(0.0, retention_hours)} HOURS").collect()
     return len(before - _files(uri))
 
