@@ -254,8 +254,10 @@ def _no_vectors(known: Known, policy: Policy) -> str | None:
         return "the policy keeps deletion vectors off"
     if not known.comparable:
         return "a column (a map) cannot be compared in a MERGE condition"
-    copied = None if known.candidate_rows is None else known.candidate_rows - known.deleted
-    if copied is not None and copied < policy.rewrite_copy_rows:
+    if known.candidate_rows is None:
+        return "a candidate file's row count is unknown"
+    copied = known.candidate_rows - known.deleted
+    if copied < policy.rewrite_copy_rows:
         return (
             f"a rewrite copies {copied} rows, under rewrite_copy_rows ({policy.rewrite_copy_rows})"
         )
@@ -265,9 +267,7 @@ def _no_vectors(known: Known, policy: Policy) -> str | None:
 def _why_vectors(known: Known, policy: Policy) -> str:
     if known.vectored:
         return f"{known.vectored} candidate files carry deletion vectors"
-    if known.candidate_rows is None:
-        return "a candidate file's row count is unknown"
-    copied = known.candidate_rows - known.deleted
+    copied = (known.candidate_rows or 0) - known.deleted
     limit = policy.rewrite_copy_rows
     return f"a rewrite would copy {copied} rows, rewrite_copy_rows ({limit}) or more"
 
@@ -746,6 +746,7 @@ def _delete_by_vectors(
             epoch=table.epoch,
             metadata=table.metadata,
             target_filter=target,
+            local=sized.rows is not None,
         )
     if metrics is None:
         return _already_applied(table)

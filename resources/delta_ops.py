@@ -112,13 +112,16 @@ def merge_change(
     epoch: int,
     metadata: Mapping[str, str],
     target_filter: str | None = None,
+    local: bool = False,
 ) -> tuple[CommitResult, MergeMetrics | None]:
     """Apply ``source`` (``columns`` and :data:`OP`) to the table in one MERGE carrying
     ``txn(app_id, epoch)``: a ``D`` row deletes every copy of itself (NULL equal to NULL,
     every column), an ``I`` row is inserted. ``target_filter``: a condition on the table's
     columns (as ``t.<column>``) that every deleted row meets, so Delta skips the files outside
-    it. Skipped (``committed`` False, no metrics) when the table already records ``epoch``.
-    Called under the table's lock (:func:`resources.lake.table_lock`)."""
+    it. ``local``: the source is rows the driver holds (nothing for Delta to pin down before
+    it reads it twice); otherwise Delta decides whether to materialize it. Skipped
+    (``committed`` False, no metrics) when the table already records ``epoch``. Called under
+    the table's lock (:func:`resources.lake.table_lock`)."""
     started = time.perf_counter()
     result = CommitResult(uri, epoch, committed=False, version=None)
     if (transaction_version(uri, app_id) or 0) >= epoch:
@@ -137,8 +140,9 @@ def merge_change(
         _TXN[0]: app_id,
         _TXN[1]: str(epoch),
         _USER_METADATA: json.dumps({"ivm.epoch": str(epoch), **metadata}),
-        # the source is the driver's rows or a deterministic plan: nothing to pin down
-        _MATERIALIZE: "none",
+        # Delta refuses a source plan that something caches while the MERGE runs (a
+        # persisted change) unless it materializes the source itself
+        _MATERIALIZE: "none" if local else "auto",
     }
     source.createOrReplaceTempView(view)
     try:

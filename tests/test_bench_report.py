@@ -24,6 +24,8 @@ def _point(scale: float, seconds: float, table: float, rewritten: int) -> Point:
             "jobs": 150,
             "changed": 40,
             "rewritten": rewritten,
+            "written": rewritten + 20,
+            "vectors": 0.0,
         },
         "narrow": {
             "seconds": 1.0,
@@ -32,6 +34,8 @@ def _point(scale: float, seconds: float, table: float, rewritten: int) -> Point:
             "jobs": 50,
             "changed": 2,
             "rewritten": 0,
+            "written": 2,
+            "vectors": 1.0,
         },
     }
     return point
@@ -63,19 +67,21 @@ def test_the_report_splits_each_view_s_time_and_names_what_grows_with_the_tables
         "SF 0.1: incremental 3.0, 5.0, 4.0, Spark full 8.0, 8.0, 8.0; "
         "SF 1: incremental 6.0, 4.0, 5.0, Spark full 8.0, 8.0, 8.0." in text
     )
-    # SF1's per-view medians: seconds 5, log 2 (of 3, 2, 1), table 3, rows rewritten 200,000.
-    assert "| wide | 5.00 | 2.00 | 3.00 | 150 | 40 | 200,000 |" in text
-    assert "| narrow | 1.00 | 1.00 | 0.00 | 50 | 2 | 0 |" in text
-    # Per scale: table seconds over all view-seconds (medians of the sums), rows rewritten.
-    assert "| 0.1 | 1.5 / 5.0 | 30% | 20,000 | 42 |" in text
-    assert "| 1 | 3.0 / 6.0 | 50% | 200,000 | 42 |" in text
+    # SF1's per-view medians: seconds 5, log 2 (of 3, 2, 1), table 3, rows rewritten 200,000,
+    # and the share of refreshes whose deletions went to deletion vectors.
+    assert "| wide | 5.00 | 2.00 | 3.00 | 150 | 40 | 200,000 | 0% |" in text
+    assert "| narrow | 1.00 | 1.00 | 0.00 | 50 | 2 | 0 | 100% |" in text
+    # Per scale: table seconds over all view-seconds (medians of the sums), rows written (of
+    # which rewritten), rows changed and their ratio.
+    assert "| 0.1 | 1.5 / 5.0 | 30% | 20,022 | 20,000 | 42 | 476.7 |" in text
+    assert "| 1 | 3.0 / 6.0 | 50% | 200,022 | 200,000 | 42 | 4762.4 |" in text
     # The 10x target is missed (8s against 5s): the report says what stands in the way.
     assert "| SF1, 0.1% change: incremental >= 10x faster than Spark full | 1.60x | no |" in text
     assert "10x means 0.8s for every view" in text
     assert "200 Spark jobs (the full recompute 20), 25 ms of its wall time per job" in text
     assert "they scan 100,000 rows against the full recompute's 4,000,000" in text
-    assert "50% of the views' seconds go to rewriting readable-table files" in text
-    assert "(200,000 rows rewritten per refresh)" in text
+    assert "50% of the views' seconds go to applying their changes to the readable tables" in text
+    assert "(200,000 rows rewritten per refresh; a rewrite is kept while it copies" in text
 
 
 def test_the_report_keeps_what_follows_the_marker_and_replaces_what_precedes_it(
