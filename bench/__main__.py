@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivm.config import DEFAULT_PARALLELISM
+from ops.sink import Strategy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -279,7 +280,7 @@ def _view_costs(result) -> dict[str, float]:
         "changed": result.rows_changed,
         "rewritten": result.rows_rewritten,
         "written": result.inserted + result.rows_rewritten,
-        "vectors": float((result.table_write or "").startswith("deletion vectors")),
+        "vectors": float((result.table_write or "").startswith(Strategy.DELETE_BY_VECTORS.value)),
     }
 
 

@@ -67,8 +67,6 @@ class MergeMetrics:
     deleted: int
     inserted: int
     copied: int
-    vectors: int
-    """Deletion vectors added or updated."""
 
 
 _STATEMENTS = threading.Lock()
@@ -159,10 +157,8 @@ def merge_change(
         int(found.get("numTargetRowsDeleted", 0)),
         int(found.get("numTargetRowsInserted", 0)),
         int(found.get("numTargetRowsCopied", 0)),
-        int(found.get("numTargetDeletionVectorsAdded", 0))
-        + int(found.get("numTargetDeletionVectorsUpdated", 0)),
     )
-    result.committed = last.get("operation") == "MERGE" and int(last["version"]) == dt.version()
+    result.committed = last.get("operation") == "MERGE"
     result.version = dt.version()
     result.files_added = int(found.get("numTargetFilesAdded", 0))
     result.files_removed = int(found.get("numTargetFilesRemoved", 0))
