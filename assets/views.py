@@ -209,20 +209,42 @@ def _column_schema(engine: Inspector, name: str) -> dg.TableSchema:
     )
 
 
-def _collection_key(engine: Inspector, collection: str, keys: AssetKeys) -> dg.AssetKey:
-    return keys.view(collection) if collection in engine.plan.views else keys.source(collection)
+def _collection_keys(engine: Inspector, collection: str, keys: AssetKeys) -> list[dg.AssetKey]:
+    """The assets a collection stands for: a source's or a view's own; an internal view (not
+    an asset) stands for the sources and views it reads."""
+    plan = engine.plan
+    if collection not in plan.views:
+        return [keys.source(collection)]
+    if plan.views[collection].owner is None:
+        return [keys.view(collection)]
+    sources, views = plan.project_inputs(collection)
+    return [*(keys.source(s) for s in sources), *(keys.view(v) for v in views)]
+
+
+def _origins(engine: Inspector, name: str) -> dict[str, set[tuple[str, str]]]:
+    """Each column's origins in sources and project views, through internal views."""
+    plan = engine.plan
+    out: dict[str, set[tuple[str, str]]] = {}
+    for column, deps in column_lineage(plan.views[name].root).items():
+        found: set[tuple[str, str]] = set()
+        for coll, c in deps:
+            internal = coll in plan.views and plan.views[coll].owner is not None
+            found |= _origins(engine, coll).get(c, set()) if internal else {(coll, c)}
+        out[column] = found
+    return out
 
 
 def _column_lineage(engine: Inspector, name: str, keys: AssetKeys) -> dg.TableColumnLineage:
     """Each column's origins in the sources and views the view reads (from the plan)."""
-    origins = column_lineage(engine.view(name).root)
+    view_or_source = {
+        coll: keys.view(coll) if coll in engine.plan.views else keys.source(coll)
+        for deps in _origins(engine, name).values()
+        for coll, _ in deps
+    }
     return dg.TableColumnLineage(
         deps_by_column={
-            column: [
-                dg.TableColumnDep(_collection_key(engine, coll, keys), c)
-                for coll, c in sorted(deps)
-            ]
-            for column, deps in origins.items()
+            column: [dg.TableColumnDep(view_or_source[coll], c) for coll, c in sorted(deps)]
+            for column, deps in _origins(engine, name).items()
             if deps
         }
     )
@@ -255,7 +277,7 @@ def _arrangement_spec(
     aplan = engine.plan.arrangements[key]
     return dg.AssetSpec(
         key=arrangement_key(key),
-        deps=[_collection_key(engine, key.collection, AssetKeys())],
+        deps=_collection_keys(engine, key.collection, AssetKeys()),
         group_name=ARRANGEMENTS_GROUP,
         kinds={"spark", "delta"},
         description=(
@@ -314,9 +336,13 @@ def _view_spec(
     engine: Inspector, name: str, condition: dg.AutomationCondition | None
 ) -> dg.AssetSpec:
     plan = engine.plan.views[name]
-    deps = [source_key(s) for s in plan.source_inputs]
-    deps += [view_key(v) for v in plan.view_inputs]
-    deps += [arrangement_key(a.key) for a in engine.plan.arrangements_of(name)]
+    sources, views = engine.plan.project_inputs(name)
+    deps = [*(source_key(s) for s in sources), *(view_key(v) for v in views)]
+    deps += [
+        arrangement_key(a.key)
+        for n in (name, *engine.plan.internal_inputs(name))
+        for a in engine.plan.arrangements_of(n)
+    ]
     return dg.AssetSpec(
         key=view_key(name),
         deps=deps,
@@ -393,6 +419,8 @@ def _views_asset(
         for result in report.views if report else []:
             if result.status in ("failed", "skipped"):
                 failed.append(f"{result.view}: {result.status}: {result.error}")
+                continue
+            if keys.view(result.view) not in selected:  # an internal view its readers need
                 continue
             results[keys.view(result.view)] = dg.MaterializeResult(
                 asset_key=keys.view(result.view),
@@ -589,7 +617,7 @@ def build_asset_checks(
     """Two multi-asset checks over every view: ``consistent`` (cheap, with every
     materialization) and ``matches_from_scratch`` (``ivm verify``; in the verify job); on the
     views' ``keys`` (default: their default keys)."""
-    names = list(Inspector(project).plan.order)
+    names = list(Inspector(project).plan.project_views)
     if not names:
         return []
     keys = keys or AssetKeys()
@@ -620,7 +648,7 @@ def _default_specs(project: Project, engine: Inspector) -> dict[IvmAsset, dg.Ass
     specs[EPOCH] = _epoch_spec(project, condition)
     for k in engine.plan.arrangements:
         specs[arrangement_asset(k)] = _arrangement_spec(engine, k, condition)
-    for name in engine.plan.order:
+    for name in engine.plan.project_views:  # internal views refresh with their readers
         specs[IvmAsset("view", name)] = _view_spec(engine, name, condition)
     for name, error in sorted(engine.plan.broken.items()):
         specs[IvmAsset("view", name)] = _broken_view_spec(name, error)

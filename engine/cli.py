@@ -296,9 +296,9 @@ def _compact(engine: Any, args: argparse.Namespace) -> int:
 
 
 def _verify(engine: Any, args: argparse.Namespace) -> int:
+    if args.oracle == "duckdb":  # internal views: Spark's oracle only (compare_views)
+        return _verify_duckdb(engine, args.views or list(engine.plan.project_views), args)
     names = args.views or list(engine.plan.order)
-    if args.oracle == "duckdb":
-        return _verify_duckdb(engine, names, args)
     results = []
     for name in names:
         r = engine.verify(name)
@@ -394,7 +394,8 @@ def _status(engine: Any, args: argparse.Namespace) -> int:
         if v.get("error"):
             print(f"  {name}: BROKEN: {v['error']}")
             continue
-        print(f"  {name}: epoch {v['epoch']}, {rows} rows")
+        internal = f"  (internal, of view {v['internal_of']})" if v.get("internal_of") else ""
+        print(f"  {name}: epoch {v['epoch']}, {rows} rows{internal}")
     return 0
 
 

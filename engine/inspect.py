@@ -84,8 +84,10 @@ class Inspector:
         return self.catalog.view(name)
 
     def explain(self, name: str) -> str:
-        """The view's EXPLAIN text, with where its refreshes run under the policy in force."""
-        return explain(self.view(name), self.plan, policies.current())
+        """The view's EXPLAIN text, with where its refreshes run under the policy in force;
+        then that of each internal view it reads."""
+        names = (self.view(name).name, *self.plan.internal_inputs(self.view(name).name))
+        return "\n".join(explain(self.view(n), self.plan, policies.current()) for n in names)
 
     def contract_predicate(self, source: str, dialect: str = "spark") -> str | None:
         return self.catalog.contract_predicate(source, dialect)

@@ -171,6 +171,9 @@ class Maintenance:
         for name in cat.plan.order:
             st = self.view_status(name)
             views[name] = {"epoch": st.table_epoch, "log_epoch": st.log_epoch, "rows": st.rows}
+            owner = cat.plan.views[name].owner
+            if owner is not None:
+                views[name]["internal_of"] = owner
         for name, error in sorted(cat.plan.broken.items()):
             views[name] = {"epoch": None, "log_epoch": None, "rows": None, "error": str(error)}
         return {

@@ -82,6 +82,7 @@ class Scheduler:
             wanted = [v.lower() for v in views]
             unplanned = [v for v in wanted if v in plan.broken]
             names = [cat.view(v).name for v in wanted if v not in plan.broken]
+            names += [i for n in list(names) for i in plan.internal_inputs(n) if i not in names]
         if unplanned and not names:  # nothing to refresh: the error itself, nothing written
             raise plan.broken[unplanned[0]]
         asked = set(names) if rebuild is True else {cat.view(v).name for v in (rebuild or [])}

@@ -62,7 +62,7 @@ def check_golden(expected_file: Path, actual: str, update: bool) -> None:
 def test_explain_golden(path: Path, update_goldens: bool) -> None:
     text = path.read_text()
     views = [parse_view(sql, f"{i}.sql") for i, sql in enumerate(split_views(text))]
-    plan = plan_views(views, parse_sources(text), append_only(text))
+    plan = plan_views(views, parse_sources(text), append_only(text)).check()
     actual = "\n".join(explain(v, plan) for v in plan.views.values())
     check_golden(path.with_suffix(".explain"), actual, update_goldens)
 

@@ -268,8 +268,14 @@ def explain(
         if parts
         else "stateless (each update maps to its output on its own; no arrangements)"
     )
+    what = f"VIEW {view.name}  ({Path(view.file).name}"
+    if view.owner is not None:
+        what = (
+            f"INTERNAL VIEW {view.name}  ({view.label} of view {view.owner}, "
+            f"{Path(view.file).name}; refreshed with the views that read it"
+        )
     lines = [
-        f"VIEW {view.name}  ({Path(view.file).name}, code version {view.sql_hash})",
+        f"{what}, code version {view.sql_hash})",
         f"  columns: {', '.join(view.columns)}",
         f"  maintenance: {maintenance}",
         f"  inputs: {inputs}",

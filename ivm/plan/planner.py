@@ -19,7 +19,7 @@ from ivm.errors import ConfigError, IvmError, SourceError, SqlError, UpstreamBro
 from ivm.plan.ir import Get, Join, Node, SemiJoin, collections, walk
 from ivm.plan.join import ArrangementKey, DeltaPath, arrangement_needs, plan_paths
 from ivm.plan.reduce import mark_monotonic, state_tables
-from ivm.sql.lower import CatalogEntry, lower_view, referenced_tables
+from ivm.sql.lower import CatalogEntry, InternalView, lower_view, referenced_tables
 from ivm.sql.parse import ParsedView
 
 
@@ -43,6 +43,11 @@ class ViewPlan:
     sql_hash: str
     root: Node
     maintenance: str = "incremental"
+    owner: str | None = None
+    """For an internal view (a join input the planner made a view of its own): the view
+    whose SQL it comes from; None for a view of the project."""
+    label: str = ""
+    """For an internal view: what it is in its owner's SQL (``subquery t``, ``CTE c``)."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -133,6 +138,33 @@ class ProjectPlan:
     def order(self) -> tuple[str, ...]:
         return tuple(self.views)
 
+    @property
+    def project_views(self) -> tuple[str, ...]:
+        """The views of the project's files (internal views left out), upstream first."""
+        return tuple(n for n, v in self.views.items() if v.owner is None)
+
+    def internal_inputs(self, name: str) -> tuple[str, ...]:
+        """The internal views ``name`` reads, directly or through other internal views,
+        upstream first: refreshing ``name`` refreshes them first."""
+        found: set[str] = set()
+        pending = [name]
+        while pending:
+            for v in self.views[pending.pop()].view_inputs:
+                if self.views[v].owner is not None and v not in found:
+                    found.add(v)
+                    pending.append(v)
+        return tuple(n for n in self.views if n in found)
+
+    def project_inputs(self, name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The sources and project views ``name`` reads, through internal views: its inputs
+        as its SQL names them."""
+        reads = [name, *self.internal_inputs(name)]
+        sources = dict.fromkeys(s for n in reads for s in self.views[n].source_inputs)
+        views = dict.fromkeys(
+            v for n in reads for v in self.views[n].view_inputs if self.views[v].owner is None
+        )
+        return tuple(sources), tuple(views)
+
 
 def plan_views(
     parsed: Sequence[ParsedView],
@@ -181,6 +213,7 @@ def plan_views(
         name: ("source", tuple(c.lower() for c in cols)) for name, cols in source_columns.items()
     }
     plans: dict[str, ViewPlan] = {}
+    internal: dict[str, InternalView] = {}
     for name in order:
         p = by_name[name]
         reads = referenced_tables(p)
@@ -196,11 +229,21 @@ def plan_views(
                 f"{p.file}: view {name!r} reads source {bad_source!r}: {bad_sources[bad_source]}"
             )
             continue
+        planned = dict(internal)
         try:
-            root = mark_monotonic(lower_view(p, catalog), append_only)
+            root = mark_monotonic(lower_view(p, catalog, planned, by_name), append_only)
         except IvmError as e:
             failed[name] = e
             continue
+        for key in [k for k in planned if k not in internal]:  # in the order they were made
+            v = planned[key]
+            internal[key] = v
+            text = ParsedView(v.name, p.file, v.sql, v.query)
+            vroot = mark_monotonic(v.root, append_only)
+            plans[v.name] = ViewPlan(
+                v.name, p.file, v.sql, text.sql_hash, vroot, owner=name, label=v.label
+            )
+            catalog[v.name] = ("view", vroot.columns)
         plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
         catalog[name] = ("view", root.columns)
     return ProjectPlan(

@@ -22,7 +22,7 @@ engine's own (``_time``, ``_diff``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Literal
@@ -50,14 +50,17 @@ from ivm.plan.ir import (
     walk,
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
-from ivm.sql.parse import ParsedView
-from ivm.sql.scope import CatalogEntry, Relation, Scope, is_aggregate
+from ivm.sql.parse import DIALECT, ParsedView, position
+from ivm.sql.scope import HIDDEN_PREFIX, CatalogEntry, Relation, Scope, is_aggregate
+from ivm.sql.subqueries import ScalarSubqueryRefused, decorrelate, scalar_operand, semi_operand
 
 _SortKey = Callable[[exp.Expression], exp.Expression]
 """Rewrites an ORDER BY expression over the FROM scope into one over a SELECT's input."""
 
 RESERVED_COLUMNS = ("_time", "_diff")
 """Column names the engine uses for the time and diff of every update."""
+RESERVED_PREFIX = "_ivm_"
+"""Column names the engine's operators use for their own columns start with it."""
 
 # Clauses of a SELECT that this release does not maintain, with the name the user knows them by.
 _UNSUPPORTED_CLAUSES = {
@@ -80,9 +83,19 @@ def _arg(node: exp.Expression, key: str) -> object:
 class _Lowerer(ReduceLowering):
     """Lowers one view: queries, SELECT, FROM items, joins and subquery predicates."""
 
-    def __init__(self, view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> None:
+    def __init__(
+        self,
+        view: ParsedView,
+        catalog: Mapping[str, CatalogEntry],
+        internal: dict[str, InternalView],
+        names_in_use: Collection[str] = (),
+    ) -> None:
         super().__init__(view, catalog)
         self._items: list[exp.Expression] = []  # the FROM items of the join being lowered
+        self._cte_queries: dict[str, exp.Expression] = {}  # every CTE's query, by name
+        self.internal = internal
+        self.names_in_use = set(names_in_use)
+        self._subqueries = 0  # subqueries made joins so far (numbers their aliases)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -100,6 +113,7 @@ class _Lowerer(ReduceLowering):
             scope = dict(ctes)
             for cte in with_.expressions:
                 scope[cte.alias_or_name.lower()] = self.query(cte.this, scope)
+                self._cte_queries[cte.alias_or_name.lower()] = cte.this
             ctes = scope
         if isinstance(q, exp.Subquery):
             return self.query(q.this, ctes, need_names=need_names)
@@ -151,6 +165,7 @@ class _Lowerer(ReduceLowering):
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
+        s = self._decorrelated(s, ctes)
         node, scope = self.from_where(s, ctes)
         windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
         node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
@@ -175,7 +190,7 @@ class _Lowerer(ReduceLowering):
         if not isinstance(from_, exp.From):
             raise self.unsupported("SELECT without FROM", s)
         first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
-        scope = self.from_items(first, joins, ctes)
+        scope, joins = self.from_items(first, joins, ctes)
         where = _arg(s, "where")
         where = where if isinstance(where, exp.Where) else None
         if scope.joined:
@@ -243,9 +258,11 @@ class _Lowerer(ReduceLowering):
         seen: dict[str, exp.Expression] = {}
         items = [i for i in self._items_for(s, scope) if i not in windows]
         for (name, _), item in zip(outputs, items, strict=False):
-            if name in RESERVED_COLUMNS:
+            if name in RESERVED_COLUMNS or name.startswith(RESERVED_PREFIX):
                 raise self.error(
-                    f"column name {name!r} is reserved for the engine's updates; rename it", item
+                    f"column name {name!r} is reserved for the engine's updates (_time, _diff "
+                    f"and names starting {RESERVED_PREFIX}); rename it",
+                    item,
                 )
             if name in seen:
                 raise self.error(
@@ -322,6 +339,38 @@ class _Lowerer(ReduceLowering):
                 out.append(item)
         return out
 
+    def _decorrelated(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with its WHERE's comparisons against scalar subqueries made joins
+        (:mod:`ivm.sql.subqueries`); ``s`` itself when it has none."""
+        where = s.args.get("where")
+        conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
+        predicates = [c for c in conjuncts if _subquery_predicate(c) is not None]
+        scalars = any(scalar_operand(c) is not None for c in conjuncts)
+        # One EXISTS/IN over one FROM item is a SemiJoin (:meth:`filtered`); in a join (a
+        # scalar subquery makes one), or beside other subquery predicates, the positive ones
+        # become joins too.
+        semi_joins = bool(_arg(s, "joins")) or len(predicates) > 1 or scalars
+        if not scalars and not (semi_joins and any(semi_operand(c) is not None for c in conjuncts)):
+            return s
+
+        def inner_columns(q: exp.Select) -> tuple[set[str], set[str]]:
+            from_ = _arg(q, "from")
+            if not isinstance(from_, exp.From):
+                raise self.unsupported("a scalar subquery without FROM", q)
+            items = [from_.this, *(j.this for j in q.args.get("joins") or [])]
+            rels = [self.relation(i, ctes) for i in items]
+            return {x for r in rels for x in r.qualifiers}, {
+                c for r in rels for c in r.node.columns
+            }
+
+        first = self._subqueries + 1
+        try:
+            out, added = decorrelate(s, conjuncts, inner_columns, first, semi_joins=semi_joins)
+        except ScalarSubqueryRefused as e:
+            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+        self._subqueries += added
+        return out
+
     def check_join_kind(self, j: exp.Join) -> None:
         """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN``) and LEFT/RIGHT/FULL
         OUTER JOIN; which combinations are maintained is :meth:`join`'s part."""
@@ -331,16 +380,16 @@ class _Lowerer(ReduceLowering):
             raise self.unsupported(self._join_name(j), self._located(j.this, j))
         if not side and kind not in ("", "INNER", "CROSS"):
             raise self.unsupported(self._join_name(j), self._located(j.this, j))
-        if j.args.get("using"):
-            raise self.unsupported("JOIN ... USING (write ON a.k = b.k)", self._located(j.this, j))
-        if j.args.get("method"):
-            raise self.unsupported(f"{j.args['method']} JOIN", self._located(j.this, j))
+        method = str(j.args.get("method") or "").upper()
+        if method and method != "NATURAL":
+            raise self.unsupported(f"{method} JOIN", self._located(j.this, j))
 
     def from_items(
         self, first: exp.Expression, joins: list[exp.Join], ctes: Mapping[str, Node]
-    ) -> Scope:
+    ) -> tuple[Scope, list[exp.Join]]:
         """The relations of a FROM clause (its first item, then each join's), each with a
-        qualifier of its own: unaliased subqueries are ``_subquery``, ``_subquery2``..."""
+        qualifier of its own: unaliased subqueries are ``_subquery``, ``_subquery2``...; and
+        the joins, ``USING``/``NATURAL`` ones as their ``ON`` equalities (:meth:`_using`)."""
         relations = [self.relation(first, ctes)]
         for j in joins:
             self.check_join_kind(j)
@@ -350,7 +399,7 @@ class _Lowerer(ReduceLowering):
             if r.qualifiers == {"_subquery"}:
                 auto += 1
                 if auto > 1:
-                    relations[i] = Relation(r.node, frozenset({f"_subquery{auto}"}), r.label)
+                    relations[i] = replace(r, qualifiers=frozenset({f"_subquery{auto}"}))
         names = [q for r in relations for q in r.qualifiers]
         if len(set(names)) != len(names):
             dup = next(q for q in names if names.count(q) > 1)
@@ -361,13 +410,69 @@ class _Lowerer(ReduceLowering):
             raise self.unsupported(
                 "a ROW_NUMBER() subquery in a join (define the ranking as a view)", first
             )
-        return Scope(tuple(relations))
+        if not any(j.args.get("using") or j.args.get("method") for j in joins):
+            return Scope(tuple(relations)), joins
+        return self._using(tuple(relations), joins)
+
+    def _using(
+        self, relations: tuple[Relation, ...], joins: list[exp.Join]
+    ) -> tuple[Scope, list[exp.Join]]:
+        """``JOIN ... USING (k)`` and ``NATURAL JOIN`` (USING the columns both sides have)
+        as ``ON left.k = right.k``, and the columns the FROM clause then shows, as Spark
+        does: the USING columns once (the left side's, a RIGHT JOIN's the right's), then the
+        left side's others, then the right side's; an unqualified ``k`` is that column."""
+        visible = [(0, c) for c in relations[0].node.columns]
+        out = []
+        for i, j in enumerate(joins, 1):
+            right = relations[i]
+            if j.args.get("method"):  # NATURAL: in the left side's order
+                names = [c for _, c in visible if c in right.node.columns]
+            elif j.args.get("using"):
+                names = [u.name.lower() for u in j.args["using"]]
+            else:
+                visible += [(i, c) for c in right.node.columns]
+                out.append(j)
+                continue
+            side = str(j.args.get("side") or "").upper()
+            if side == "FULL":
+                raise self.unsupported(
+                    "FULL JOIN ... USING (write ON a.k = b.k and coalesce(a.k, b.k))",
+                    self._located(j.this, j),
+                )
+            conditions = []
+            for name in names:
+                left = [k for k, c in visible if c == name]
+                if len(left) != 1 or name not in right.node.columns:
+                    where = "the left side" if len(left) != 1 else right.label
+                    raise self.error(
+                        f"USING column {name!r} is {'ambiguous in' if left else 'not in'} {where}",
+                        self._located(j.this, j),
+                    )
+                conditions.append(
+                    exp.EQ(
+                        this=exp.column(name, table=relations[left[0]].alias),
+                        expression=exp.column(name, table=right.alias),
+                    )
+                )
+            left_of = dict((c, k) for k, c in reversed(visible))
+            keys = [(i if side == "RIGHT" else left_of[c], c) for c in names]
+            visible = (
+                keys
+                + [(k, c) for k, c in visible if c not in names]
+                + [(i, c) for c in right.node.columns if c not in names]
+            )
+            rewritten = j.copy()
+            rewritten.set("using", None)
+            rewritten.set("method", None)
+            rewritten.set("on", exp.and_(*conditions) if conditions else exp.true())
+            out.append(rewritten)
+        return Scope(relations, tuple(visible)), out
 
     def parenthesized(self, item: exp.Expression, ctes: Mapping[str, Node]) -> Node:
         """A parenthesized join that has an alias, ``(a JOIN b ON ...) AS t``: the join's
         columns under their own names, as ``SELECT *`` over it gives them."""
         first, joins = _unfolded(item, [])
-        scope = self.from_items(first, joins, ctes)
+        scope, joins = self.from_items(first, joins, ctes)
         node = self.join(scope, joins, None, first)
         outputs = [(name, exp.column(plan)) for name, plan in scope.star(None) or []]
         names = [n for n, _ in outputs]
@@ -450,9 +555,7 @@ class _Lowerer(ReduceLowering):
             items.append((original, resolved, _truth(resolved)))
         return items
 
-    def _fold_in(
-        self, scope: Scope, fold: _Fold, i: int, j: exp.Join, on: list[_Conjunct]
-    ) -> None:
+    def _fold_in(self, scope: Scope, fold: _Fold, i: int, j: exp.Join, on: list[_Conjunct]) -> None:
         """Join relation ``i`` (by ``j``, on the conjuncts ``on``) to what ``fold`` holds: an
         inner join joins the pool while no outer join is built; an outer join whose
         condition is never true pads; a keyed outer join must be the only join."""
@@ -849,9 +952,7 @@ class _Lowerer(ReduceLowering):
         if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
             raise self.unsupported("IN (subquery) over expressions (compare columns)", predicate)
         if pair.owner(left.name) != 0 or pair.owner(right.name) != 1:
-            raise self.unsupported(
-                "IN (subquery) that does not compare an outer column", predicate
-            )
+            raise self.unsupported("IN (subquery) that does not compare an outer column", predicate)
         return left.name, right.name
 
     def _semi_inputs(
@@ -901,11 +1002,54 @@ class _Lowerer(ReduceLowering):
                 inner, predicate = inner.input, inner.predicate
             if isinstance(inner, Get):
                 return inner, predicate, dict(node.outputs)
-        raise self.unsupported(
-            f"a join input that is itself a join, union or aggregate ({rel.label}); define "
-            "it as a view and join the view",
-            None,
-        )
+        if rel.query is None:
+            raise self.unsupported(
+                f"a join input that is itself a join, union or aggregate ({rel.label}); define "
+                "it as a view and join the view",
+                None,
+            )
+        get = self.internal_view(rel, node)
+        return get, None, {c: exp.column(c) for c in get.columns}
+
+    def internal_view(self, rel: Relation, node: Node) -> Get:
+        """A join input that is a join, union or aggregate (a subquery's or CTE's ``node``)
+        becomes an internal view, planned and maintained as a view of its own (its diff log
+        feeds the join; its arrangements are shared), which the join reads as a collection:
+        what a user would otherwise do by hand. Views whose inputs have the same SQL share
+        one internal view."""
+        query = self._standalone(rel.query)
+        key = query.sql(dialect=DIALECT, normalize=True)
+        found = self.internal.get(key)
+        if found is None:
+            label, alias = rel.label, rel.alias
+            if alias.startswith(HIDDEN_PREFIX):  # a decorrelated subquery (ivm.sql.subqueries)
+                line, col = position(rel.query, self.sql)
+                label, alias = f"subquery at {line}:{col}", alias.replace(HIDDEN_PREFIX, "subquery")
+            base = f"{self.view.name}__{alias}"
+            taken = {*self.catalog, *self.names_in_use, *(v.name for v in self.internal.values())}
+            name = next(
+                n for n in (base, *(f"{base}{i}" for i in range(2, 1000))) if n not in taken
+            )
+            found = InternalView(name, self.view.name, label, query, finished(node))
+            self.internal[key] = found
+        return Get(found.name, "view", found.root.columns)
+
+    def _standalone(self, query: exp.Expression) -> exp.Expression:
+        """``query`` with the definitions of the CTEs it reads (transitively, in the order
+        they were written) as its own WITH: runnable on its own."""
+        needed: list[str] = []
+        pending = [query]
+        while pending:
+            q = pending.pop()
+            for t in q.find_all(exp.Table):
+                name = t.name.lower()
+                if name in self._cte_queries and name not in needed:
+                    needed.append(name)
+                    pending.append(self._cte_queries[name])
+        out = query.copy()
+        for name in [n for n in self._cte_queries if n in needed]:
+            out = out.with_(name, as_=self._cte_queries[name].copy(), append=True)
+        return out
 
     def relation(self, item: exp.Expression, ctes: Mapping[str, Node]) -> Relation:
         """A FROM item (a source, view, CTE or subquery) as a relation with its qualifiers."""
@@ -920,7 +1064,7 @@ class _Lowerer(ReduceLowering):
             alias = item.alias.lower() if item.alias else ""
             qualifiers = frozenset({alias} if alias else {name})
             if name in ctes:
-                return Relation(ctes[name], qualifiers, f"CTE {name}")
+                return Relation(ctes[name], qualifiers, f"CTE {name}", self._cte_queries[name])
             entry = self.catalog.get(name)
             if entry is None:
                 known = ", ".join(sorted(self.catalog)) or "none"
@@ -932,7 +1076,8 @@ class _Lowerer(ReduceLowering):
         if isinstance(item, exp.Subquery):
             alias = item.alias.lower() if item.alias else "_subquery"  # Spark allows none
             node = self.query(item.this, ctes)
-            return Relation(node, frozenset({alias}), f"subquery {item.alias}".strip())
+            label = f"subquery {item.alias}".strip()
+            return Relation(node, frozenset({alias}), label, item.this)
         raise self.unsupported(f"FROM {type(item).__name__}", item)
 
     # -- expressions -----------------------------------------------------------------------
@@ -1230,37 +1375,118 @@ def _unalias(e: exp.Expression) -> exp.Expression:
 
 
 def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
-    """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped)."""
+    """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped); a
+    disjunction contributes the conjuncts common to all its branches (:func:`_factored`)."""
     while isinstance(e, exp.Paren):
         e = e.this
     if isinstance(e, exp.And):
         return _conjuncts(e.this) + _conjuncts(e.expression)
+    if isinstance(e, exp.Or):
+        return _factored(e)
     return [e]
 
 
-def lower_view(view: ParsedView, catalog: Mapping[str, CatalogEntry]) -> Node:
+def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """``a OR (b OR c)`` -> ``[a, b, c]``."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.Or):
+        return _disjuncts(e.this) + _disjuncts(e.expression)
+    return [e]
+
+
+def _factored(e: exp.Or) -> list[exp.Expression]:
+    """``(k AND a) OR (k AND b)`` -> ``[k, a OR b]``, and ``(k AND a) OR k`` -> ``[k]``: a
+    conjunct common to every branch of a disjunction is a conjunct of the whole (distributivity
+    and absorption hold in SQL's three-valued logic). So an equality written in each branch
+    is a join key (TPC-H Q19), and a filter written in each branch filters its input."""
+    branches = [_conjuncts(b) for b in _disjuncts(e)]
+    keyed = [{_canonical(c): c for c in b} for b in branches]
+    common = [k for k in keyed[0] if all(k in b for b in keyed[1:])]
+    if not common:
+        return [e]
+    out = [keyed[0][k] for k in common]
+    rest = [[c for k, c in b.items() if k not in common] for b in keyed]
+    if all(rest):  # a branch left empty is true once the common conjuncts hold
+        out.append(exp.or_(*(exp.and_(*r) for r in rest)))
+    return out
+
+
+def _canonical(e: exp.Expression) -> str:
+    """A conjunct's text, an (in)equality's operands in sorted order (``a = b`` is ``b = a``)."""
+    if isinstance(e, (exp.EQ, exp.NEQ, exp.NullSafeEQ)):
+        sides = sorted(x.sql(dialect="spark") for x in (e.this, e.expression))
+        return f"{e.key}:{sides[0]}:{sides[1]}"
+    return e.sql(dialect="spark")
+
+
+@dataclass(frozen=True, slots=True)
+class InternalView:
+    """A join input the lowerer made a view of its own (:meth:`_Lowerer.internal_view`).
+
+    Attributes:
+        name: its name, ``<view>__<alias>`` (the first view that needed it).
+        owner: that view.
+        label: what it is in the owner's SQL (``subquery t``, ``CTE revenue0``).
+        query: its SQL, with the CTEs it reads as its own WITH.
+        root: its plan.
+    """
+
+    name: str
+    owner: str
+    label: str
+    query: exp.Expression
+    root: Node
+
+    @property
+    def sql(self) -> str:
+        """Its definition as a view file would hold it."""
+        return f"CREATE VIEW {self.name} AS\n{self.query.sql(dialect=DIALECT, pretty=True)}\n"
+
+
+def lower_view(
+    view: ParsedView,
+    catalog: Mapping[str, CatalogEntry],
+    internal: dict[str, InternalView] | None = None,
+    names_in_use: Collection[str] = (),
+) -> Node:
     """Lower a parsed view to a demand-pruned plan.
 
     Args:
         view: the parsed file.
         catalog: every source and already-planned view by lowercase name.
+        internal: the internal views planned so far, by their normalized SQL; the ones this
+            view needs are added (a view with the same SQL is reused).
+        names_in_use: the project's view names (an internal view takes none of them).
 
     Raises:
         SqlError: an unknown table or column, or a construct the planner does not support;
             the message names the file, line and column.
     """
-    lowerer = _Lowerer(view, catalog)
-    node = simplify(demand(lowerer.plain(lowerer.query(view.query, {}))))
-    node = simplify(_without_void_branches(node))
+    lowerer = _Lowerer(view, catalog, internal if internal is not None else {}, names_in_use)
+    node = finished(lowerer.plain(lowerer.query(view.query, {})))
+    for v in lowerer.internal.values():
+        _check_reserved(v.root, view)
+    _check_reserved(node, view)
+    return node
+
+
+def finished(node: Node) -> Node:
+    """A lowered query pruned to the columns read and simplified: a view's plan."""
+    node = simplify(demand(node))
+    return simplify(_without_void_branches(node))
+
+
+def _check_reserved(node: Node, view: ParsedView) -> None:
+    """No collection a plan reads may have a column the engine's updates reserve."""
     for get in collections(node):
-        clash = set(get.columns) & set(RESERVED_COLUMNS)
+        clash = {c for c in get.columns if c in RESERVED_COLUMNS or c.startswith(RESERVED_PREFIX)}
         if clash:
             raise SqlError(
                 f"{get.kind} {get.collection!r} has a column named {sorted(clash)[0]!r}, which "
                 "is reserved for the engine's updates; select other columns or rename it",
                 file=view.file,
             )
-    return node
 
 
 def referenced_tables(view: ParsedView) -> set[str]:

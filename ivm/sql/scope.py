@@ -24,6 +24,9 @@ from ivm.errors import SqlError
 from ivm.plan.ir import CollectionKind, Node
 from ivm.sql.parse import ParsedView, position, sql_error
 
+HIDDEN_PREFIX = "_ivm_sq"
+"""The aliases of the joins :mod:`ivm.sql.subqueries` adds: ``SELECT *`` leaves them out."""
+
 CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
 """What the planner knows of a named collection: its kind and its (lowercase) columns."""
 
@@ -71,6 +74,8 @@ class Relation:
     node: Node
     qualifiers: frozenset[str]
     label: str  # for messages: "table orders", "view v", "subquery t"
+    query: exp.Expression | None = None
+    """The SQL of a subquery or CTE (None for a table): what an internal view of it runs."""
 
     @property
     def alias(self) -> str:
@@ -87,6 +92,9 @@ class Scope:
     """
 
     relations: tuple[Relation, ...]
+    visible: tuple[tuple[int, str], ...] | None = None
+    """With ``JOIN ... USING`` or ``NATURAL JOIN``: the ``(relation, column)`` pairs that
+    ``*`` gives and unqualified names see, in order (a USING column once); None: all."""
 
     @property
     def joined(self) -> bool:
@@ -116,8 +124,16 @@ class Scope:
 
     def star(self, qualifier: str | None) -> list[tuple[str, str]] | None:
         """``(output name, plan name)`` of ``*`` or ``q.*``; None if ``q`` is unknown."""
+        if qualifier is None and self.visible is not None:
+            return [
+                (c, self.internal(i, c))
+                for i, c in self.visible
+                if not self.relations[i].alias.startswith(HIDDEN_PREFIX)
+            ]
         out = []
         for i, rel in enumerate(self.relations):
+            if qualifier is None and rel.alias.startswith(HIDDEN_PREFIX):
+                continue  # a decorrelated subquery's join (ivm.sql.subqueries)
             if qualifier is None or qualifier in rel.qualifiers:
                 out.extend((c, self.internal(i, c)) for c in rel.node.columns)
                 if qualifier is not None:
@@ -252,6 +268,8 @@ class LoweringContext:
             ]
         else:
             candidates = [i for i, r in enumerate(rel.relations) if name in r.node.columns]
+            if rel.visible is not None:  # a USING column is one of them
+                candidates = [i for i in candidates if (i, name) in rel.visible]
             if len(candidates) > 1:
                 owners = ", ".join(rel.relations[i].alias for i in candidates)
                 raise self.error(

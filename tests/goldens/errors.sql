@@ -15,7 +15,7 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders LEFT JOIN customer ON o_custkey =
 CREATE VIEW v AS SELECT o_orderkey FROM orders FULL JOIN customer ON o_custkey < c_custkey
 -- case: cross join without key
 CREATE VIEW v AS SELECT o_orderkey FROM orders, customer WHERE o_totalprice > 10
--- case: join using
+-- case: join using a column the left side lacks
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c USING (c_custkey)
 -- case: ambiguous column
 CREATE VIEW v AS SELECT o1.o_orderkey FROM orders o1 JOIN orders o2 ON o1.o_custkey = o2.o_custkey WHERE o_totalprice > 1
@@ -86,3 +86,11 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey ORDER BY max(o_orderkey) LIMIT 2
 -- case: inner join condition reads a later input
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON o.o_custkey = x.c_custkey JOIN customer x ON x.c_custkey = c.c_custkey
+-- case: scalar subquery correlated by an inequality
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT avg(o_totalprice) FROM orders i WHERE i.o_custkey < o.o_custkey)
+-- case: scalar subquery counting
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT count(*) FROM orders i WHERE i.o_custkey = o.o_custkey)
+-- case: full join using
+CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
+-- case: reserved column prefix
+CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
