@@ -42,6 +42,7 @@ from pyspark.sql import types as T
 import ivm.policy
 from ivm.errors import InvariantViolation
 from ivm.policy import Policy
+from ivm.sql.lower import RESERVED_PREFIX
 from ops import DIFF
 from ops.ingest import read_files
 from ops.log_sink import (
@@ -76,6 +77,11 @@ from resources.lake import (
     table_lock,
     transaction_version,
 )
+
+SCRATCH = RESERVED_PREFIX
+"""The prefix of this module's own column names, which no view column has."""
+HELD = f"{SCRATCH}held"
+DELETED = f"{SCRATCH}del"
 
 __all__ = [
     "EXACT_TYPES",
@@ -810,25 +816,25 @@ def _held_by_spark(
         rows = rows.where(F.expr(target))
     if sized.deleted <= policy.driver_change_rows:
         keyed = F.broadcast(keyed)
-    keys = [f"_k{i}" for i in range(len(columns))]
+    keys = [f"{SCRATCH}k{i}" for i in range(len(columns))]
     held = (
         rows.join(keyed, matches)
         .groupBy(*keys)
-        .agg(F.count(F.lit(1)).alias("_held"))
-        .select(*[F.col(k).alias(f"_h{k}") for k in keys], "_held")
+        .agg(F.count(F.lit(1)).alias(HELD))
+        .select(*[F.col(k).alias(f"{SCRATCH}h{k}") for k in keys], HELD)
     )
     same = F.lit(True)
     for k in keys:
-        same = same & F.col(k).eqNullSafe(F.col(f"_h{k}"))
+        same = same & F.col(k).eqNullSafe(F.col(f"{SCRATCH}h{k}"))
     found = (
         keyed.join(held, same, "left")
-        .select(*keys, "_del", F.coalesce(F.col("_held"), F.lit(0)).alias("_held"))
-        .where(F.col("_held") != F.col("_del"))
+        .select(*keys, DELETED, F.coalesce(F.col(HELD), F.lit(0)).alias(HELD))
+        .where(F.col(HELD) != F.col(DELETED))
         .toArrow()
     )
     deletes = found.select(keys).rename_columns(list(columns))
-    deletes = deletes.append_column(DIFF, pc.negate(found.column("_del")))
-    return _kept_copies(deletes, found.column("_held").to_pylist(), columns)
+    deletes = deletes.append_column(DIFF, pc.negate(found.column(DELETED)))
+    return _kept_copies(deletes, found.column(HELD).to_pylist(), columns)
 
 
 def _deleted_rows(table: _Table, change: _Change, sized: _Sized) -> DataFrame:
@@ -938,17 +944,18 @@ def _with_kept(table: _Table, change: _Change, staged: StagedFiles, kept: pa.Tab
 def _named(
     deletes: DataFrame, columns: Sequence[str], extra: Sequence[str] = ()
 ) -> tuple[DataFrame, Column]:
-    """The deleted rows with their columns renamed ``_k<i>`` and ``-_diff`` as ``_del`` (and
+    """The deleted rows with their columns renamed ``_ivm_k<i>`` and ``-_diff`` as
+    ``_ivm_del`` (and
     the ``extra`` columns as they are), and the condition matching a row of the table to one
     of them (NULL-safe, every column)."""
     keyed = deletes.select(
-        *[F.col(f"`{c}`").alias(f"_k{i}") for i, c in enumerate(columns)],
-        (-F.col(DIFF)).alias("_del"),
+        *[F.col(f"`{c}`").alias(f"{SCRATCH}k{i}") for i, c in enumerate(columns)],
+        (-F.col(DIFF)).alias(DELETED),
         *extra,
     )
     cond = F.lit(True)
     for i, c in enumerate(columns):
-        cond = cond & F.col(f"`{c}`").eqNullSafe(F.col(f"_k{i}"))
+        cond = cond & F.col(f"`{c}`").eqNullSafe(F.col(f"{SCRATCH}k{i}"))
     return keyed, cond
 
 
@@ -1026,11 +1033,9 @@ def _rows_after(
         keyed = F.broadcast(keyed)
     untouched = existing.join(keyed, matches, "left_anti")
     held = (
-        existing.join(keyed, matches, "left_semi")
-        .groupBy(*cols)
-        .agg(F.count(F.lit(1)).alias("_held"))
+        existing.join(keyed, matches, "left_semi").groupBy(*cols).agg(F.count(F.lit(1)).alias(HELD))
     )
-    kept = held.join(keyed, matches).select(*cols, (F.col("_held") - F.col("_del")).alias(DIFF))
+    kept = held.join(keyed, matches).select(*cols, (F.col(HELD) - F.col(DELETED)).alias(DIFF))
     fresh = kept.unionByName(inserts.select(*cols, DIFF)).select(*cols, _checked(cols))
     fresh = _copies(fresh, cols, F.col(DIFF)).coalesce(1).sortWithinPartitions(*cols)
     return untouched.select(*cols).unionByName(fresh), None
@@ -1339,8 +1344,8 @@ def _miscounted(
     existing = read_files(table.spark, candidates, change.schema)
     bad = keyed.join(existing, matches, "left_anti").limit(1).collect()
     if bad:
-        example = {c: bad[0][f"_k{i}"] for i, c in enumerate(change.columns)}
-        raise _negative(table, -bad[0]["_del"], str(example))
+        example = {c: bad[0][f"{SCRATCH}k{i}"] for i, c in enumerate(change.columns)}
+        raise _negative(table, -bad[0][DELETED], str(example))
     raise InvariantViolation(
         f"view {table.label!r} epoch {table.epoch}: wrote {written} rows, expected {expected}"
     )
