@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
 TABLES = ("customer", "orders", "lineitem")
+"""The tables the demo's views read."""
+ALL_TABLES = ("region", "nation", "supplier", "part", "partsupp", *TABLES)
+"""Every TPC-H table (the 22 queries as views, tests/tpch)."""
 
 
 def _plain(table: pa.Table) -> pa.Table:
@@ -33,23 +37,25 @@ def _plain(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema(fields))
 
 
-def generate_parquet(scale: float, out: Path) -> Path:
-    """Generate the TPC-H tables at ``scale`` as Parquet under ``out/sf<scale>`` (cached)."""
+def generate_parquet(scale: float, out: Path, tables: Sequence[str] = TABLES) -> Path:
+    """Generate the TPC-H ``tables`` at ``scale`` as Parquet under ``out/sf<scale>`` (cached)."""
     target = out / f"sf{scale:g}"
-    if all((target / f"{t}.parquet").exists() for t in TABLES):
+    if all((target / f"{t}.parquet").exists() for t in tables):
         return target
     target.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "tpchgen-cli"
     cmd = [str(exe if exe.exists() else "tpchgen-cli"), "parquet", "-s", f"{scale:g}"]
-    cmd += [f"--tables={','.join(TABLES)}", f"--output-dir={target}"]
+    cmd += [f"--tables={','.join(tables)}", f"--output-dir={target}"]
     subprocess.run(cmd, check=True, capture_output=True)
     return target
 
 
-def create_sources(parquet_dir: Path, data_dir: Path) -> dict[str, str]:
-    """Write each TPC-H table as a Delta table with CDF on; returns name -> path."""
+def create_sources(
+    parquet_dir: Path, data_dir: Path, tables: Sequence[str] = TABLES
+) -> dict[str, str]:
+    """Write each of ``tables`` as a Delta table with CDF on; returns name -> path."""
     paths = {}
-    for t in TABLES:
+    for t in tables:
         path = data_dir / t
         if path.exists():
             shutil.rmtree(path)

@@ -8,12 +8,23 @@ a table's files (:func:`parquet_writers`).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import random
 from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
+
+BATCHES_ENV = "IVM_TEST_BATCHES"
+"""How many random batches the oracle tests run at most (by default each test's bound: the
+suite's time); ``IVM_TEST_BATCHES=6 ./dev test`` runs each through up to six."""
+
+
+def batches(n: int, bound: int = 2) -> int:
+    """``n`` random batches, at most ``$IVM_TEST_BATCHES`` (default ``bound``)."""
+    return min(n, int(os.environ.get(BATCHES_ENV, str(bound))))
+
 
 ITEMS_SCHEMA = pa.schema(
     [

@@ -24,6 +24,7 @@ from ivm.plan.ir import Project
 from ivm.plan.planner import plan_views
 from ivm.policy import Policy
 from ivm.sql.parse import parse_view
+from tests.lakegen import batches
 
 L2 = pa.schema([("lk", pa.int64()), ("ls", pa.string()), ("lv", pa.decimal128(5, 2))])
 R2 = pa.schema([("rk", pa.int64()), ("rd", pa.decimal128(7, 3)), ("rs", pa.string())])
@@ -160,7 +161,7 @@ def test_constant_join_conditions_match_duckdb(spark, make_project, tmp_path, us
     assert verified.ok and verified.expected_rows == 8, verified.describe()
     check(engine)
     by_driver: set[str] = set()
-    for _ in range(4):
+    for _ in range(batches(4)):
         lake.random_batch()
         report = Engine(root, spark=spark).refresh()
         assert report.ok, [v.error for v in report.views]

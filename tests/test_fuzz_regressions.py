@@ -20,7 +20,7 @@ import pytest
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
 from ivm.policy import Policy
-from tests.lakegen import RandomLake
+from tests.lakegen import RandomLake, batches
 
 pytestmark = pytest.mark.spark
 
@@ -88,7 +88,8 @@ def refreshed_through_batches(
     not_spark: frozenset[str] = frozenset(),
     duckdb: bool = True,
 ) -> set[str]:
-    """Build ``views`` over a random lake and refresh them through three random batches,
+    """Build ``views`` over a random lake and refresh them through up to three random batches
+    (:func:`tests.lakegen.batches`),
     checking every view each time (``not_spark``: views Spark cannot evaluate; ``duckdb``:
     whether DuckDB can); returns the views the driver computed some epoch of."""
     use_policy(None if driver else Policy.spark_only())
@@ -99,7 +100,7 @@ def refreshed_through_batches(
     assert report.ok, [v.error for v in report.views]
     check(engine, not_spark, duckdb)
     by_driver: set[str] = set()
-    for _ in range(3):
+    for _ in range(batches(3)):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])

@@ -9,7 +9,7 @@ import pytest
 import ivm.policy
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, table_multiset
-from tests.lakegen import JoinLake
+from tests.lakegen import JoinLake, batches
 
 VIEWS = {
     "order_lines": """
@@ -113,7 +113,7 @@ def _delta_joins_match_duckdb(spark, make_project, tmp_path, driver: bool) -> No
     engine = Engine(root, spark=spark)
     assert engine.refresh().ok
     check(engine)
-    for _ in range(4):
+    for _ in range(batches(4)):
         lake.random_batch()
         report = Engine(root, spark=spark).refresh()
         assert report.ok, [v.error for v in report.views]

@@ -17,7 +17,7 @@ import pytest
 
 import ivm.policy
 from engine.facade import Engine
-from tests.lakegen import JoinLake
+from tests.lakegen import JoinLake, batches
 from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
@@ -154,7 +154,7 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
     assert bool(built_counts) == driver, builds
     messages: list[str] = []
     engine.progress = messages.append
-    for _ in range(3):
+    for _ in range(batches(3)):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
@@ -213,7 +213,7 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, polic
     engine = Engine(root, spark=spark, progress=messages.append)
     assert engine.refresh().ok
     check_all(engine)
-    for _ in range(3):
+    for _ in range(batches(3)):
         lake.random_batch()
         report = engine.refresh()
         assert report.ok, [v.error for v in report.views]
