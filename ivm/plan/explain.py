@@ -37,6 +37,7 @@ from ivm.plan.reduce import (
 )
 from ivm.policy import Policy
 from ivm.sql.parse import DIALECT
+from ivm.sql.scope import ONE
 
 _INTERNAL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*?)__([A-Za-z_][A-Za-z0-9_]*)\b")
 
@@ -55,6 +56,14 @@ def _join_lines(node: Join, depth: int) -> list[str]:
         node.preserve, "Join"
     )
     lines = [pad + f"{kind} {len(node.inputs)} inputs on {', '.join(keys)}"]
+    for cls in node.equivalences:
+        constant = [node.inputs[i].alias for i, c in cls if c.endswith(ONE)]
+        if constant:
+            lines.append(
+                pad + f"  note: {', '.join(constant)} joins an uncorrelated subquery's one row on "
+                "a constant: when its value changes, every row of "
+                f"{', '.join(constant)} is re-examined"
+            )
     if node.residual:
         lines.append(
             pad

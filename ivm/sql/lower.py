@@ -52,7 +52,19 @@ from ivm.plan.ir import (
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
 from ivm.sql.parse import DIALECT, ParsedView, position
 from ivm.sql.scope import HIDDEN_PREFIX, CatalogEntry, Relation, Scope, is_aggregate
-from ivm.sql.subqueries import ScalarSubqueryRefused, decorrelate, scalar_operand, semi_operand
+from ivm.sql.subqueries import (
+    GROUPED,
+    JOINED,
+    ONE,
+    ScalarSubqueryRefused,
+    decorrelate,
+    decorrelate_select_list,
+    lift_having,
+    scalar_operand,
+    select_subqueries,
+    semi_operand,
+    wrap_join,
+)
 
 _SortKey = Callable[[exp.Expression], exp.Expression]
 """Rewrites an ORDER BY expression over the FROM scope into one over a SELECT's input."""
@@ -165,7 +177,15 @@ class _Lowerer(ReduceLowering):
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
+        try:
+            lifted = lift_having(s)
+        except ScalarSubqueryRefused as e:
+            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+        if lifted is not None:
+            return self.select(lifted, ctes, need_names=need_names)
         s = self._decorrelated(s, ctes)
+        s = self._select_list_decorrelated(s, ctes)
+        s = self._anti_wrapped(s, ctes)
         node, scope = self.from_where(s, ctes)
         windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
         node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
@@ -353,23 +373,73 @@ class _Lowerer(ReduceLowering):
         if not scalars and not (semi_joins and any(semi_operand(c) is not None for c in conjuncts)):
             return s
 
+        first = self._subqueries + 1
+        try:
+            out, added = decorrelate(
+                s, conjuncts, self._inner_columns(ctes), first, semi_joins=semi_joins
+            )
+        except ScalarSubqueryRefused as e:
+            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+        self._subqueries += added
+        return out
+
+    def _inner_columns(
+        self, ctes: Mapping[str, Node]
+    ) -> Callable[[exp.Select], tuple[set[str], set[str]]]:
+        """A subquery's FROM items -> their qualifiers and column names (for
+        :mod:`ivm.sql.subqueries`, which tells a subquery's own columns from the outer's)."""
+
         def inner_columns(q: exp.Select) -> tuple[set[str], set[str]]:
             from_ = _arg(q, "from")
             if not isinstance(from_, exp.From):
                 raise self.unsupported("a scalar subquery without FROM", q)
             items = [from_.this, *(j.this for j in q.args.get("joins") or [])]
             rels = [self.relation(i, ctes) for i in items]
-            return {x for r in rels for x in r.qualifiers}, {
-                c for r in rels for c in r.node.columns
-            }
+            qualifiers = {x for r in rels for x in r.qualifiers}
+            return qualifiers, {c for r in rels for c in r.node.columns}
 
+        return inner_columns
+
+    def _select_list_decorrelated(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with its SELECT list's scalar subqueries made LEFT JOINs
+        (:func:`ivm.sql.subqueries.decorrelate_select_list`); ``s`` itself without any."""
+        if not select_subqueries(s):
+            return s
         first = self._subqueries + 1
         try:
-            out, added = decorrelate(s, conjuncts, inner_columns, first, semi_joins=semi_joins)
+            out, added = decorrelate_select_list(s, self._inner_columns(ctes), first)
         except ScalarSubqueryRefused as e:
             raise self.unsupported(e.refusal.construct, e.refusal.at) from None
         self._subqueries += added
         return out
+
+    def _anti_wrapped(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with a join filtered by ``NOT EXISTS``/``NOT IN`` made one FROM item
+        (:func:`ivm.sql.subqueries.wrap_join`), so the anti-join filters it as it filters a
+        table; ``s`` itself otherwise."""
+        where = s.args.get("where")
+        if not _arg(s, "joins") or not isinstance(where, exp.Where):
+            return s
+        conjuncts = _conjuncts(where.this)
+        anti = [
+            c
+            for c in conjuncts
+            if (p := _subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
+        ]
+        if not anti:
+            return s
+        if len(anti) > 1:
+            raise self.unsupported("more than one NOT EXISTS/NOT IN over a join", anti[1])
+        from_ = _arg(s, "from")
+        assert isinstance(from_, exp.From)  # a SELECT with joins has a FROM
+        first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
+        scope, _ = self.from_items(first, joins, ctes)
+        relations = [(r.alias, r.qualifiers, r.node.columns) for r in scope.relations]
+        visible = scope.visible or [
+            (i, c) for i, r in enumerate(scope.relations) for c in r.node.columns
+        ]
+        kept = [c for c in conjuncts if c is not anti[0]]
+        return wrap_join(s, relations, visible, kept, anti[0], self._inner_columns(ctes))
 
     def check_join_kind(self, j: exp.Join) -> None:
         """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN``) and LEFT/RIGHT/FULL
@@ -990,8 +1060,13 @@ class _Lowerer(ReduceLowering):
     def decompose(
         self, rel: Relation
     ) -> tuple[Get, exp.Expression | None, dict[str, exp.Expression]]:
-        """A join input as (collection, filter, column -> expression over the collection)."""
+        """A join input as (collection, filter, column -> expression over the collection);
+        one that is a join, union or aggregate, or carries the constant an uncorrelated
+        subquery joins on (:data:`ONE`), read from an internal view."""
         node = simplify(rel.node)
+        if ONE in node.columns and rel.query is not None:
+            get = self.internal_view(rel, node)
+            return get, None, {c: exp.column(c) for c in get.columns}
         if isinstance(node, Get):
             return node, None, {c: exp.column(c) for c in node.columns}
         if isinstance(node, Filter) and isinstance(node.input, Get):
@@ -1025,6 +1100,10 @@ class _Lowerer(ReduceLowering):
             if alias.startswith(HIDDEN_PREFIX):  # a decorrelated subquery (ivm.sql.subqueries)
                 line, col = position(rel.query, self.sql)
                 label, alias = f"subquery at {line}:{col}", alias.replace(HIDDEN_PREFIX, "subquery")
+            elif alias == JOINED:  # a join a NOT EXISTS/NOT IN filters (wrap_join)
+                label, alias = "the join filtered by NOT EXISTS/NOT IN", "join"
+            elif alias == GROUPED:  # groups HAVING compares with a subquery (lift_having)
+                label, alias = "the groups HAVING compares with a subquery", "groups"
             base = f"{self.view.name}__{alias}"
             taken = {*self.catalog, *self.names_in_use, *(v.name for v in self.internal.values())}
             name = next(

@@ -26,6 +26,9 @@ from ivm.sql.parse import ParsedView, position, sql_error
 
 HIDDEN_PREFIX = "_ivm_sq"
 """The aliases of the joins :mod:`ivm.sql.subqueries` adds: ``SELECT *`` leaves them out."""
+ONE = "__ivm_one"
+"""The constant column :mod:`ivm.sql.subqueries` adds to join an uncorrelated subquery's one
+row: ``SELECT *`` leaves it out."""
 
 CatalogEntry = tuple[CollectionKind, tuple[str, ...]]
 """What the planner knows of a named collection: its kind and its (lowercase) columns."""
@@ -128,14 +131,14 @@ class Scope:
             return [
                 (c, self.internal(i, c))
                 for i, c in self.visible
-                if not self.relations[i].alias.startswith(HIDDEN_PREFIX)
+                if not self.relations[i].alias.startswith(HIDDEN_PREFIX) and c != ONE
             ]
         out = []
         for i, rel in enumerate(self.relations):
             if qualifier is None and rel.alias.startswith(HIDDEN_PREFIX):
                 continue  # a decorrelated subquery's join (ivm.sql.subqueries)
             if qualifier is None or qualifier in rel.qualifiers:
-                out.extend((c, self.internal(i, c)) for c in rel.node.columns)
+                out.extend((c, self.internal(i, c)) for c in rel.node.columns if c != ONE)
                 if qualifier is not None:
                     return out
         return out if qualifier is None else None

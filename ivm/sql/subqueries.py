@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ivm.sql.scope import HIDDEN_PREFIX, is_aggregate
+from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate
 
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"
@@ -69,13 +69,41 @@ InnerColumns = Callable[[exp.Select], tuple[set[str], set[str]]]
 
 
 def scalar_operand(conjunct: exp.Expression) -> exp.Subquery | None:
-    """The scalar subquery a top-level comparison compares with, if it has one."""
+    """The scalar subquery one side of a top-level comparison holds (``x > (SELECT ...)``,
+    ``x > (SELECT ...) / 10``), if exactly one side holds exactly one."""
+    found = _scalar_side(conjunct)
+    return found[0] if found is not None else None
+
+
+def _scalar_side(conjunct: exp.Expression) -> tuple[exp.Subquery, bool] | None:
+    """:func:`scalar_operand`, and whether it is in the comparison's left side."""
     if not isinstance(conjunct, _COMPARISONS):
         return None
-    for side in (conjunct.this, conjunct.expression):
-        if isinstance(side, exp.Subquery) and isinstance(side.this, exp.Select):
-            return side
-    return None
+    left, right = (_scalar_subqueries(x) for x in (conjunct.this, conjunct.expression))
+    if len(left) + len(right) != 1:
+        return None
+    return (left[0], True) if left else (right[0], False)
+
+
+def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
+    """The scalar subqueries in ``e``'s own scope (not inside other subqueries)."""
+    out, pending = [], [e]
+    while pending:
+        n = pending.pop()
+        if isinstance(n, exp.Subquery) and isinstance(n.this, exp.Select):
+            out.append(n)
+        elif not isinstance(n, (exp.Subquery, exp.Select)):
+            pending.extend(n.iter_expressions())
+    return out
+
+
+def _with_value(conjunct: exp.Expression, value: exp.Expression) -> exp.Expression:
+    """A copy of a comparison with its scalar subquery replaced by ``value``."""
+    _, left = _scalar_side(conjunct)
+    out = conjunct.copy()
+    (sub,) = _scalar_subqueries(out.this if left else out.expression)
+    sub.replace(value)
+    return out
 
 
 def semi_operand(conjunct: exp.Expression) -> tuple[exp.Select, exp.Expression | None] | None:
@@ -120,13 +148,10 @@ def decorrelate(
         alias = f"{HIDDEN_PREFIX}{number}"
         number += 1
         if sub is not None:
-            derived, keys = _grouped(sub, inner_columns(sub.this))
-            compared = c.copy()
-            target = (
-                compared.this if isinstance(compared.this, exp.Subquery) else compared.expression
-            )
-            target.replace(exp.column("_v", table=alias))
-            kept.append(compared)
+            derived, keys, _ = _grouped(sub, inner_columns(sub.this), global_ok=True)
+            if not keys:  # uncorrelated: every outer row carries the key 1
+                keys = [exp.column(ONE, table=_wrap_for_constant(out))]
+            kept.append(_with_value(c, exp.column("_v", table=alias)))
         else:
             q, probe = semi
             derived, keys = _distinct(q, probe, inner_columns(q), c)
@@ -186,11 +211,79 @@ def _distinct(
     return derived, outer_keys
 
 
+def select_subqueries(select: exp.Select) -> list[exp.Subquery]:
+    """The scalar subqueries in ``select``'s SELECT list (not inside nested subqueries)."""
+    return [sub for item in select.expressions for sub in _scalar_subqueries(item)]
+
+
+def decorrelate_select_list(
+    select: exp.Select, inner_columns: InnerColumns, first_number: int
+) -> tuple[exp.Select, int]:
+    """``select`` with each scalar subquery of its SELECT list made a LEFT JOIN with the
+    subquery grouped by its correlation (an outer row without a group reads the subquery's
+    value over no rows: NULL, or 0 for a COUNT), ``_ivm_sq<first_number>``; also how many
+    (one). The SELECT must read one FROM item, not group, and hold one such subquery (an
+    outer join of more inputs is not maintained).
+
+    Raises:
+        ScalarSubqueryRefused: a subquery the rewrite cannot take.
+    """
+    subs = select_subqueries(select)
+    if len(subs) > 1:
+        raise _refuse("several scalar subqueries in one SELECT list", subs[1])
+    if select.args.get("joins"):
+        raise _refuse("a scalar subquery in the SELECT list of a join", subs[0])
+    if select.args.get("group") or any(
+        is_aggregate(n)
+        for item in select.expressions
+        for n in item.walk()
+        if not any(isinstance(p, exp.Subquery) for p in _ancestors(n, item))
+    ):
+        raise _refuse("a scalar subquery in the SELECT list of a grouped query", subs[0])
+    out = select.copy()
+    copies = select_subqueries(out)
+    joins = []
+    for number, (sub, copy) in enumerate(zip(subs, copies, strict=True), first_number):
+        alias = f"{HIDDEN_PREFIX}{number}"
+        derived, keys, count = _grouped(sub, inner_columns(sub.this), counted=True)
+        value = exp.column("_v", table=alias)
+        if count:  # 0 without a match; nullable, as Spark types a scalar subquery
+            unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
+            value = exp.Case(
+                ifs=[exp.If(this=unmatched, true=exp.Literal.number(0))], default=value
+            )
+        copy.replace(value)
+        table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+        on = exp.and_(
+            *(
+                exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
+                for i, o in enumerate(keys)
+            )
+        )
+        joins.append(exp.Join(this=table, side="LEFT", on=on))
+    out.set("joins", joins)
+    return out, len(subs)
+
+
+def _ancestors(n: exp.Expression, top: exp.Expression) -> list[exp.Expression]:
+    out = []
+    while n is not top and n.parent is not None:
+        n = n.parent
+        out.append(n)
+    return out
+
+
 def _grouped(
-    sub: exp.Subquery, inner: tuple[set[str], set[str]]
-) -> tuple[exp.Select, list[exp.Expression]]:
-    """The subquery grouped by its correlation keys (selecting ``_k<i>`` and ``_v``), and the
-    outer expression each key equals."""
+    sub: exp.Subquery,
+    inner: tuple[set[str], set[str]],
+    *,
+    counted: bool = False,
+    global_ok: bool = False,
+) -> tuple[exp.Select, list[exp.Expression], bool]:
+    """The subquery grouped by its correlation keys (selecting ``_k<i>`` and ``_v``), the
+    outer expression each key equals, and whether its value over no rows is 0 (a bare
+    ``COUNT``, taken only when ``counted``: in a LEFT JOIN it reads ``coalesce(_v, 0)``).
+    Uncorrelated (``global_ok``): its one row with ``_k0 = 1``, and no outer expression."""
     q: exp.Select = sub.this
     for key, construct in (
         ("group", "GROUP BY"),
@@ -207,18 +300,20 @@ def _grouped(
     value = value.this if isinstance(value, exp.Alias) else value
     if not any(is_aggregate(n) for n in value.walk()):
         raise _refuse("a scalar subquery that does not aggregate (it may give several rows)", sub)
-    if not _null_over_no_rows(value):
+    local, inner_keys, outer_keys = _correlation(q, inner, "a scalar subquery")
+    count = counted and isinstance(value, exp.Count)
+    if inner_keys and not count and not _null_over_no_rows(value):
         raise _refuse(
             "a scalar subquery whose value over no rows is not NULL (COUNT, COALESCE, CASE: "
             "an outer row without matching rows would compare with it)",
             sub,
         )
-    local, inner_keys, outer_keys = _correlation(q, inner, "a scalar subquery")
-    if not inner_keys:
-        raise _refuse("an uncorrelated scalar subquery (one value every row compares with)", sub)
-    derived = exp.select(
-        *(k.copy().as_(f"_k{i}") for i, k in enumerate(inner_keys)), value.copy().as_("_v")
-    )
+    if not inner_keys and not global_ok:
+        raise _refuse("an uncorrelated scalar subquery in the SELECT list", sub)
+    # Uncorrelated: one row (an aggregate without GROUP BY has one even over no rows), keyed
+    # by the constant every outer row carries in ONE (wrap_for_constant).
+    keys = [k.copy() for k in inner_keys] or [exp.Literal.number(1)]
+    derived = exp.select(*(k.as_(f"_k{i}") for i, k in enumerate(keys)), value.copy().as_("_v"))
     derived.set(_FROM, q.args[_FROM].copy())
     if q.args.get("joins"):
         derived.set("joins", [j.copy() for j in q.args["joins"]])
@@ -226,8 +321,9 @@ def _grouped(
         derived.set(_WITH, q.args[_WITH].copy())
     if local:
         derived.set("where", exp.Where(this=exp.and_(*(c.copy() for c in local))))
-    derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
-    return derived, outer_keys
+    if inner_keys:
+        derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
+    return derived, outer_keys, count
 
 
 def _correlation(
@@ -314,3 +410,183 @@ def _null_over_no_rows(e: exp.Expression) -> bool:
     operands = [a for a in e.args.values() if isinstance(a, exp.Expression)]
     non_literal = [a for a in operands if not isinstance(a, (exp.Literal, exp.DataType))]
     return bool(non_literal) and all(_null_over_no_rows(a) for a in non_literal)
+
+
+def _wrap_for_constant(select: exp.Select) -> str:
+    """Make ``select``'s first FROM item ``(SELECT q.*, 1 AS __ivm_one FROM item) AS q``
+    (once), so its rows join an uncorrelated subquery's one row on ``__ivm_one = _k0``; the
+    lowerer makes it an internal view, whose column ``__ivm_one`` is then a key like any other
+    (a change of the subquery's value looks up every outer row: one key). Returns ``q``."""
+    from_ = select.args[_FROM]
+    item = from_.this
+    name = (item.alias or (item.name if isinstance(item, exp.Table) else "_subquery")).lower()
+    inner = item.this if isinstance(item, exp.Subquery) else None
+    if isinstance(inner, exp.Select) and any(e.alias_or_name == ONE for e in inner.expressions):
+        return name  # wrapped already (a second uncorrelated subquery)
+    source = item.copy()
+    star = exp.Column(this=exp.Star(), table=exp.to_identifier(name))
+    wrapped = exp.select(star, exp.Literal.number(1).as_(ONE))
+    wrapped.set(_FROM, exp.From(this=source))
+    alias = exp.TableAlias(this=exp.to_identifier(name))
+    from_.set("this", exp.Subquery(this=wrapped, alias=alias))
+    return name
+
+
+JOINED = "_ivm_j"
+"""The alias of a join a NOT EXISTS/NOT IN is moved out of (:func:`wrap_join`)."""
+
+
+def wrap_join(
+    select: exp.Select,
+    relations: Sequence[tuple[str, frozenset[str], tuple[str, ...]]],
+    visible: Sequence[tuple[int, str]],
+    kept: Sequence[exp.Expression],
+    anti: exp.Expression,
+    inner_columns: InnerColumns,
+) -> exp.Select:
+    """``SELECT ... FROM a, b WHERE kept AND anti`` as ``SELECT ... FROM (SELECT a.x AS a__x,
+    ... FROM a, b WHERE kept) AS _ivm_j WHERE anti``: the join becomes one FROM item (an
+    internal view), which the NOT EXISTS/NOT IN then filters as it filters a table.
+
+    Args:
+        relations: each FROM item's alias, qualifiers and columns, in FROM order.
+        visible: the ``(relation, column)`` pairs ``*`` shows, in order.
+        kept: WHERE's other conjuncts; anti: the NOT EXISTS/NOT IN conjunct.
+    """
+
+    used: set[str] = set()
+
+    def plan_name(i: int, c: str) -> str:
+        used.add(f"{relations[i][0]}__{c}")
+        return f"{relations[i][0]}__{c}"
+
+    def resolve(col: exp.Column) -> str | None:
+        name = col.name.lower()
+        if col.table:
+            found = [i for i, r in enumerate(relations) if col.table.lower() in r[1]]
+        else:
+            found = [i for i, c in visible if c == name]
+        if len(found) == 1 and name in relations[found[0]][2]:
+            return plan_name(found[0], name)
+        return None
+
+    def rewritten(
+        e: exp.Expression, skip: Callable[[exp.Column], bool] = lambda c: False
+    ) -> exp.Expression:
+        out = e.copy()
+        for col in _own_columns(out) if not isinstance(out, exp.Column) else [out]:
+            target = None if skip(col) else resolve(col)
+            if target is not None:
+                new = exp.column(target, table=JOINED)
+                if col is out:
+                    return new
+                col.replace(new)
+        return out
+
+    out = select.copy()
+    items: list[exp.Expression] = []
+    for item in select.expressions:
+        star = isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        )
+        if star:
+            qualifier = item.table.lower() if isinstance(item, exp.Column) and item.table else None
+            items += [
+                exp.column(plan_name(i, c), table=JOINED).as_(c)
+                for i, c in visible
+                if (qualifier is None and not relations[i][0].startswith(HIDDEN_PREFIX))
+                or (qualifier is not None and qualifier in relations[i][1])
+            ]
+        elif isinstance(item, exp.Column):
+            items.append(rewritten(item).as_(item.name))
+        else:
+            items.append(rewritten(item))
+    out.set("expressions", items)
+    for key in ("group", "having", "order", "qualify"):
+        if select.args.get(key):
+            out.set(key, rewritten(select.args[key]))
+    out.set("joins", None)
+    subquery = _subquery_of(anti)
+    qualifiers, columns = inner_columns(subquery)
+    own = lambda col: _is_inner(col, qualifiers, columns)  # noqa: E731
+    moved = anti.copy()
+    for nested in [n for n in moved.walk() if isinstance(n, exp.Select)][:1]:
+        for col in _own_columns(nested):
+            if not own(col) and resolve(col) is not None:
+                col.replace(exp.column(resolve(col), table=JOINED))
+    probe = (
+        moved.this.this if isinstance(moved, exp.Not) and isinstance(moved.this, exp.In) else None
+    )
+    if probe is not None:
+        probe.replace(rewritten(probe))
+    out.set("where", exp.Where(this=moved))
+    # The join's columns the rest reads (one if none: it keeps the rows' count).
+    chosen = [(i, c) for i, r in enumerate(relations) for c in r[2] if f"{r[0]}__{c}" in used] or [
+        (0, relations[0][2][0])
+    ]
+    inner = exp.select(
+        *(exp.column(c, table=relations[i][0]).as_(f"{relations[i][0]}__{c}") for i, c in chosen)
+    )
+    inner.set(_FROM, select.args[_FROM].copy())
+    inner.set("joins", [j.copy() for j in select.args.get("joins") or []])
+    if kept:
+        inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))))
+    derived = exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(JOINED)))
+    out.set(_FROM, exp.From(this=derived))
+    return out
+
+
+def _subquery_of(predicate: exp.Expression) -> exp.Select:
+    """The query of ``[NOT] EXISTS (q)`` or ``x [NOT] IN (q)``."""
+    e = predicate.this if isinstance(predicate, exp.Not) else predicate
+    while isinstance(e, exp.Paren):
+        e = e.this
+    q = e.this if isinstance(e, exp.Exists) else e.args["query"]
+    return q.this if isinstance(q, exp.Subquery) else q
+
+
+GROUPED = "_ivm_g"
+"""The alias of a grouped query whose HAVING compares with a subquery (:func:`lift_having`)."""
+
+
+def lift_having(select: exp.Select) -> exp.Select | None:
+    """``SELECT k, sum(x) AS s FROM t GROUP BY k HAVING sum(x) > (SELECT ...)`` as
+    ``SELECT k, s FROM (SELECT k, sum(x) AS s, sum(x) AS __h0 FROM t GROUP BY k) AS _ivm_g
+    WHERE __h0 > (SELECT ...)``: the comparison then filters the groups as WHERE filters rows
+    (:func:`decorrelate`). None when HAVING compares with no scalar subquery.
+
+    Raises:
+        ScalarSubqueryRefused: an output without a name, or a LIMIT (it would apply before
+            the comparison).
+    """
+    having = select.args.get("having")
+    if having is None:
+        return None
+    conjuncts = _top_conjuncts(having.this)
+    lifted = [c for c in conjuncts if scalar_operand(c) is not None]
+    if not lifted:
+        return None
+    if select.args.get("limit"):
+        raise _refuse("a subquery in HAVING of a query with LIMIT", scalar_operand(lifted[0]))
+    names = []
+    for item in select.expressions:
+        if not isinstance(item, (exp.Alias, exp.Column)) or isinstance(item.this, exp.Star):
+            raise _refuse("a subquery in HAVING with an unnamed SELECT item", item)
+        names.append(item.alias_or_name)
+    grouped = select.copy()
+    extra, compared = [], []
+    for n, c in enumerate(lifted):
+        _, left = _scalar_side(c)
+        extra.append((c.expression if left else c.this).copy().as_(f"__h{n}"))
+        moved = c.copy()
+        (moved.expression if left else moved.this).replace(exp.column(f"__h{n}", table=GROUPED))
+        compared.append(moved)
+    grouped.set("expressions", [*grouped.expressions, *extra])
+    rest = [c.copy() for c in conjuncts if scalar_operand(c) is None]
+    grouped.set("having", exp.Having(this=exp.and_(*rest)) if rest else None)
+    grouped.set("order", None)  # a view has no order; without LIMIT it changes nothing
+    out = exp.select(*(exp.column(n, table=GROUPED) for n in names))
+    derived = exp.Subquery(this=grouped, alias=exp.TableAlias(this=exp.to_identifier(GROUPED)))
+    out.set(_FROM, exp.From(this=derived))
+    out.set("where", exp.Where(this=exp.and_(*compared)))
+    return out

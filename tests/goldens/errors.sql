@@ -94,3 +94,5 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT co
 CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
 -- case: reserved column prefix
 CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
+-- case: two scalar subqueries in the select list
+CREATE VIEW v AS SELECT (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS a, (SELECT min(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS b FROM customer c

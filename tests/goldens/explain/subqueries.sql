@@ -14,3 +14,16 @@ WHERE o.cust = p.pk AND EXISTS (SELECT * FROM items WHERE items.id = o.ok AND qt
 CREATE VIEW derived_join AS
 SELECT p.brand, t.total FROM parts p
 JOIN (SELECT part, sum(price) AS total FROM items GROUP BY part) AS t ON t.part = p.pk
+;
+CREATE VIEW lines_counted AS
+SELECT ok, (SELECT count(*) FROM items WHERE items.id = orders.ok) AS n FROM orders
+;
+CREATE VIEW orders_without_big_items AS
+SELECT o.ok, p.brand FROM orders o JOIN parts p ON p.pk = o.cust
+WHERE NOT EXISTS (SELECT * FROM items WHERE items.id = o.ok AND qty > 40)
+;
+CREATE VIEW above_average AS
+SELECT id, price FROM items WHERE price > (SELECT avg(price) FROM items WHERE qty > 1);
+CREATE VIEW big_parts AS
+SELECT part, sum(price) AS total FROM items GROUP BY part
+HAVING sum(price) > (SELECT sum(price) * 0.1 FROM items)
