@@ -236,14 +236,9 @@ def plan_views(
             failed[name] = e
             continue
         for key in [k for k in planned if k not in internal]:  # in the order they were made
-            v = planned[key]
-            internal[key] = v
-            text = ParsedView(v.name, p.file, v.sql, v.query)
-            vroot = mark_monotonic(v.root, append_only)
-            plans[v.name] = ViewPlan(
-                v.name, p.file, v.sql, text.sql_hash, vroot, owner=name, label=v.label
-            )
-            catalog[v.name] = ("view", vroot.columns)
+            internal[key] = planned[key]
+            plans[planned[key].name] = _internal_plan(planned[key], p, append_only)
+            catalog[planned[key].name] = ("view", plans[planned[key].name].columns)
         plans[name] = ViewPlan(name, p.file, p.sql, p.sql_hash, root)
         catalog[name] = ("view", root.columns)
     return ProjectPlan(
@@ -252,6 +247,14 @@ def plan_views(
         _arrangements(plans, catalog),
         failed,
     )
+
+
+def _internal_plan(v: InternalView, owner: ParsedView, append_only: Collection[str]) -> ViewPlan:
+    """The plan of an internal view ``owner``'s lowering made: its SQL is its own (the
+    oracles evaluate it), its file and errors its owner's."""
+    text = ParsedView(v.name, owner.file, v.sql, v.query)
+    root = mark_monotonic(v.root, append_only)
+    return ViewPlan(v.name, owner.file, v.sql, text.sql_hash, root, owner=owner.name, label=v.label)
 
 
 def _arrangements(

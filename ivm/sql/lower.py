@@ -51,7 +51,14 @@ from ivm.plan.ir import (
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
 from ivm.sql.parse import DIALECT, ParsedView, position
-from ivm.sql.scope import HIDDEN_PREFIX, CatalogEntry, Relation, Scope, is_aggregate
+from ivm.sql.scope import (
+    HIDDEN_PREFIX,
+    CatalogEntry,
+    Relation,
+    Scope,
+    is_aggregate,
+    split_conjuncts,
+)
 from ivm.sql.subqueries import (
     GROUPED,
     JOINED,
@@ -223,7 +230,7 @@ class _Lowerer(ReduceLowering):
         """One FROM item filtered by WHERE, and its scope: a ranking's bound makes it a TopK,
         one ``EXISTS``/``IN`` subquery a semi-join, the other conjuncts a Filter."""
         node = rel.node
-        conjuncts = _conjuncts(where.this) if where is not None else []
+        conjuncts = split_conjuncts(where.this) if where is not None else []
         if isinstance(node, Ranked):
             node, conjuncts = self.rank_filter(node, conjuncts)
             rel = Relation(node, rel.qualifiers, rel.label)
@@ -325,7 +332,7 @@ class _Lowerer(ReduceLowering):
         if inline is not None:
             # a copy (the parsed view stays as written); the window is found by its structure
             condition = condition.transform(lambda n: exp.column(rank) if n == inline else n)
-        bounded, rest = self.rank_filter(ranked, _conjuncts(condition))
+        bounded, rest = self.rank_filter(ranked, split_conjuncts(condition))
         if rest:
             raise self.unsupported("QUALIFY conditions other than the rank bound", rest[0])
         if not windows:
@@ -363,7 +370,7 @@ class _Lowerer(ReduceLowering):
         """``s`` with its WHERE's comparisons against scalar subqueries made joins
         (:mod:`ivm.sql.subqueries`); ``s`` itself when it has none."""
         where = s.args.get("where")
-        conjuncts = _conjuncts(where.this) if isinstance(where, exp.Where) else []
+        conjuncts = split_conjuncts(where.this) if isinstance(where, exp.Where) else []
         predicates = [c for c in conjuncts if _subquery_predicate(c) is not None]
         scalars = any(scalar_operand(c) is not None for c in conjuncts)
         # One EXISTS/IN over one FROM item is a SemiJoin (:meth:`filtered`); in a join (a
@@ -420,7 +427,7 @@ class _Lowerer(ReduceLowering):
         where = s.args.get("where")
         if not _arg(s, "joins") or not isinstance(where, exp.Where):
             return s
-        conjuncts = _conjuncts(where.this)
+        conjuncts = split_conjuncts(where.this)
         anti = [
             c
             for c in conjuncts
@@ -579,7 +586,7 @@ class _Lowerer(ReduceLowering):
         input's updates, so the result is maintained update by update.
         """
         self._items = [first, *(j.this for j in joins)]  # where each input is written
-        on = [[], *(self._on_conjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
+        on = [[], *(self._onconjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
         fold = _Fold()
         for i in range(1, len(scope.relations)):
             self._fold_in(scope, fold, i, joins[i - 1], on[i])
@@ -591,11 +598,13 @@ class _Lowerer(ReduceLowering):
             # WHERE filters the outer join's result (padded NULLs included): never pushed.
             return Filter(
                 fold.built,
-                exp.and_(*[self.expression(c, scope, "WHERE") for c in _conjuncts(where.this)]),
+                exp.and_(
+                    *[self.expression(c, scope, "WHERE") for c in split_conjuncts(where.this)]
+                ),
             )
         return fold.built
 
-    def _on_conjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
+    def _onconjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
         """The conjuncts of ``j``'s ON (joining relation ``i``), resolved, each with its
         constant value if it has one; ``ON NULL`` is refused (Spark rejects its type), and so
         is a conjunct reading a relation joined after ``i`` (Spark cannot resolve it)."""
@@ -611,7 +620,7 @@ class _Lowerer(ReduceLowering):
                 construct="join condition",
             )
         items = []
-        for original in _conjuncts(cond) if cond is not None else []:
+        for original in split_conjuncts(cond) if cond is not None else []:
             resolved = self.expression(original, scope, "ON")
             owners = {scope.owner(n) for n in referenced_columns(resolved)}
             later = [o for o in owners if isinstance(o, int) and o > i]
@@ -664,7 +673,7 @@ class _Lowerer(ReduceLowering):
 
     def _pool_where(self, scope: Scope, fold: _Fold, where: exp.Where) -> None:
         """Add WHERE's conjuncts to an inner join's pool (one never true empties it)."""
-        for original in _conjuncts(where.this):
+        for original in split_conjuncts(where.this):
             resolved = self.expression(original, scope, "WHERE")
             truth = _truth(resolved)
             fold.empty = fold.empty or truth in ("false", "null")
@@ -760,7 +769,7 @@ class _Lowerer(ReduceLowering):
             m: [p] if p is not None else [] for m, (_, p, _) in decomposed.items()
         }
         optional = set(range(len(members))) - set(preserve) if preserve else set()
-        equalities, residual = self._place_conjuncts(
+        equalities, residual = self._placeconjuncts(
             scope, members, conjuncts, preserve, optional, pushed, subs
         )
         classes = self._one_key_per_input(
@@ -781,7 +790,7 @@ class _Lowerer(ReduceLowering):
             inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
         return Join(tuple(inputs_), classes, tuple(residual), preserve)
 
-    def _place_conjuncts(
+    def _placeconjuncts(
         self,
         scope: Scope,
         members: list[int],
@@ -978,7 +987,7 @@ class _Lowerer(ReduceLowering):
         conjuncts = []
         where = _arg(select, "where")
         if isinstance(where, exp.Where):
-            conjuncts = [_qualified(c, outer, inner) for c in _conjuncts(where.this)]
+            conjuncts = [_qualified(c, outer, inner) for c in split_conjuncts(where.this)]
         keys: list[tuple[str, str]] = []
         inner_filters: list[exp.Expression] = []
         for original in conjuncts:
@@ -1392,7 +1401,9 @@ def _constant(e: exp.Expression) -> object:
 def _rowless(node: Node) -> bool:
     """Whether ``node`` never has a row: a ``Filter`` with a ``FALSE`` conjunct in the way."""
     if isinstance(node, Filter):
-        return any(isinstance(c, exp.Boolean) and not c.this for c in _conjuncts(node.predicate))
+        return any(
+            isinstance(c, exp.Boolean) and not c.this for c in split_conjuncts(node.predicate)
+        )
     if isinstance(node, Project):
         return _rowless(node.input)
     if isinstance(node, UnionAll):
@@ -1451,52 +1462,6 @@ def _subquery_predicate(
 def _unalias(e: exp.Expression) -> exp.Expression:
     """``e`` without its ``AS name``."""
     return e.this if isinstance(e, exp.Alias) else e
-
-
-def _conjuncts(e: exp.Expression) -> list[exp.Expression]:
-    """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped); a
-    disjunction contributes the conjuncts common to all its branches (:func:`_factored`)."""
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if isinstance(e, exp.And):
-        return _conjuncts(e.this) + _conjuncts(e.expression)
-    if isinstance(e, exp.Or):
-        return _factored(e)
-    return [e]
-
-
-def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
-    """``a OR (b OR c)`` -> ``[a, b, c]``."""
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if isinstance(e, exp.Or):
-        return _disjuncts(e.this) + _disjuncts(e.expression)
-    return [e]
-
-
-def _factored(e: exp.Or) -> list[exp.Expression]:
-    """``(k AND a) OR (k AND b)`` -> ``[k, a OR b]``, and ``(k AND a) OR k`` -> ``[k]``: a
-    conjunct common to every branch of a disjunction is a conjunct of the whole (distributivity
-    and absorption hold in SQL's three-valued logic). So an equality written in each branch
-    is a join key (TPC-H Q19), and a filter written in each branch filters its input."""
-    branches = [_conjuncts(b) for b in _disjuncts(e)]
-    keyed = [{_canonical(c): c for c in b} for b in branches]
-    common = [k for k in keyed[0] if all(k in b for b in keyed[1:])]
-    if not common:
-        return [e]
-    out = [keyed[0][k] for k in common]
-    rest = [[c for k, c in b.items() if k not in common] for b in keyed]
-    if all(rest):  # a branch left empty is true once the common conjuncts hold
-        out.append(exp.or_(*(exp.and_(*r) for r in rest)))
-    return out
-
-
-def _canonical(e: exp.Expression) -> str:
-    """A conjunct's text, an (in)equality's operands in sorted order (``a = b`` is ``b = a``)."""
-    if isinstance(e, (exp.EQ, exp.NEQ, exp.NullSafeEQ)):
-        sides = sorted(x.sql(dialect="spark") for x in (e.this, e.expression))
-        return f"{e.key}:{sides[0]}:{sides[1]}"
-    return e.sql(dialect="spark")
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,52 @@ _NONDETERMINISTIC_ANONYMOUS = {
 }
 
 
+def split_conjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """``a AND (b AND c)`` -> ``[a, b, c]`` (parentheses around a conjunction dropped); a
+    disjunction contributes the conjuncts common to all its branches (:func:`_factored`)."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.And):
+        return split_conjuncts(e.this) + split_conjuncts(e.expression)
+    if isinstance(e, exp.Or):
+        return _factored(e)
+    return [e]
+
+
+def _disjuncts(e: exp.Expression) -> list[exp.Expression]:
+    """``a OR (b OR c)`` -> ``[a, b, c]``."""
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if isinstance(e, exp.Or):
+        return _disjuncts(e.this) + _disjuncts(e.expression)
+    return [e]
+
+
+def _factored(e: exp.Or) -> list[exp.Expression]:
+    """``(k AND a) OR (k AND b)`` -> ``[k, a OR b]``, and ``(k AND a) OR k`` -> ``[k]``: a
+    conjunct common to every branch of a disjunction is a conjunct of the whole (distributivity
+    and absorption hold in SQL's three-valued logic). So an equality written in each branch
+    is a join key (TPC-H Q19), and a filter written in each branch filters its input."""
+    branches = [split_conjuncts(b) for b in _disjuncts(e)]
+    keyed = [{_canonical(c): c for c in b} for b in branches]
+    common = [k for k in keyed[0] if all(k in b for b in keyed[1:])]
+    if not common:
+        return [e]
+    out = [keyed[0][k] for k in common]
+    rest = [[c for k, c in b.items() if k not in common] for b in keyed]
+    if all(rest):  # a branch left empty is true once the common conjuncts hold
+        out.append(exp.or_(*(exp.and_(*r) for r in rest)))
+    return out
+
+
+def _canonical(e: exp.Expression) -> str:
+    """A conjunct's text, an (in)equality's operands in sorted order (``a = b`` is ``b = a``)."""
+    if isinstance(e, (exp.EQ, exp.NEQ, exp.NullSafeEQ)):
+        sides = sorted(x.sql(dialect="spark") for x in (e.this, e.expression))
+        return f"{e.key}:{sides[0]}:{sides[1]}"
+    return e.sql(dialect="spark")
+
+
 @dataclass(frozen=True, slots=True)
 class Relation:
     """A FROM item: the plan producing it and the qualifiers that name it."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate
+from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate, split_conjuncts
 
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"
@@ -201,13 +201,7 @@ def _distinct(
         value = q.expressions[0]
         outputs.append((value.this if isinstance(value, exp.Alias) else value).copy().as_("_v"))
     derived = exp.select(*outputs).distinct()
-    derived.set(_FROM, q.args[_FROM].copy())
-    if q.args.get("joins"):
-        derived.set("joins", [j.copy() for j in q.args["joins"]])
-    if q.args.get(_WITH):
-        derived.set(_WITH, q.args[_WITH].copy())
-    if local:
-        derived.set("where", exp.Where(this=exp.and_(*(c.copy() for c in local))))
+    _read_as(derived, q, local)
     return derived, outer_keys
 
 
@@ -314,6 +308,15 @@ def _grouped(
     # by the constant every outer row carries in ONE (wrap_for_constant).
     keys = [k.copy() for k in inner_keys] or [exp.Literal.number(1)]
     derived = exp.select(*(k.as_(f"_k{i}") for i, k in enumerate(keys)), value.copy().as_("_v"))
+    _read_as(derived, q, local)
+    if inner_keys:
+        derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
+    return derived, outer_keys, count
+
+
+def _read_as(derived: exp.Select, q: exp.Select, local: Sequence[exp.Expression]) -> None:
+    """Give ``derived`` the FROM, joins and WITH of subquery ``q``, and ``local`` (its own
+    conjuncts, its correlation taken out) as WHERE."""
     derived.set(_FROM, q.args[_FROM].copy())
     if q.args.get("joins"):
         derived.set("joins", [j.copy() for j in q.args["joins"]])
@@ -321,9 +324,6 @@ def _grouped(
         derived.set(_WITH, q.args[_WITH].copy())
     if local:
         derived.set("where", exp.Where(this=exp.and_(*(c.copy() for c in local))))
-    if inner_keys:
-        derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
-    return derived, outer_keys, count
 
 
 def _correlation(
@@ -341,7 +341,7 @@ def _correlation(
     local: list[exp.Expression] = []
     inner_keys: list[exp.Expression] = []
     outer_keys: list[exp.Expression] = []
-    for c in _top_conjuncts(where.this) if where is not None else []:
+    for c in split_conjuncts(where.this) if where is not None else []:
         outer = [col for col in _own_columns(c) if not _is_inner(col, qualifiers, columns)]
         if not outer:
             local.append(c)
@@ -362,14 +362,6 @@ def _correlation(
 
 def _refuse(construct: str, at: exp.Expression) -> ScalarSubqueryRefused:
     return ScalarSubqueryRefused(Refusal(construct, construct, at))
-
-
-def _top_conjuncts(e: exp.Expression) -> list[exp.Expression]:
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if isinstance(e, exp.And):
-        return _top_conjuncts(e.this) + _top_conjuncts(e.expression)
-    return [e]
 
 
 def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
@@ -436,9 +428,86 @@ JOINED = "_ivm_j"
 """The alias of a join a NOT EXISTS/NOT IN is moved out of (:func:`wrap_join`)."""
 
 
+Relations = Sequence[tuple[str, frozenset[str], tuple[str, ...]]]
+"""Each FROM item's alias, qualifiers and columns, in FROM order."""
+
+
+class _JoinColumns:
+    """The columns of a join moved into ``_ivm_j``, by their names there (``a__x``), and
+    which of them the query reads."""
+
+    def __init__(self, relations: Relations, visible: Sequence[tuple[int, str]]) -> None:
+        self.relations, self.visible = relations, visible
+        self.used: set[str] = set()
+
+    def name(self, i: int, c: str) -> str:
+        self.used.add(f"{self.relations[i][0]}__{c}")
+        return f"{self.relations[i][0]}__{c}"
+
+    def resolve(self, col: exp.Column) -> exp.Column | None:
+        """``_ivm_j.a__x`` for a column of the join (``a.x``, or ``x`` if one input has it)."""
+        name = col.name.lower()
+        if col.table:
+            found = [i for i, r in enumerate(self.relations) if col.table.lower() in r[1]]
+        else:
+            found = [i for i, c in self.visible if c == name]
+        if len(found) == 1 and name in self.relations[found[0]][2]:
+            return exp.column(self.name(found[0], name), table=JOINED)
+        return None
+
+    def rewritten(self, e: exp.Expression) -> exp.Expression:
+        """A copy of ``e`` reading the join's columns from ``_ivm_j``."""
+        if isinstance(e, exp.Column):
+            return self.resolve(e) or e.copy()
+        out = e.copy()
+        for col in _own_columns(out):
+            new = self.resolve(col)
+            if new is not None:
+                col.replace(new)
+        return out
+
+    def items(self, select: exp.Select) -> list[exp.Expression]:
+        """The SELECT list over ``_ivm_j``, each output keeping its name (``*`` expanded)."""
+        items: list[exp.Expression] = []
+        for item in select.expressions:
+            star = isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            )
+            if star:
+                q = item.table.lower() if isinstance(item, exp.Column) and item.table else None
+                items += [
+                    exp.column(self.name(i, c), table=JOINED).as_(c)
+                    for i, c in self.visible
+                    if (q is None and not self.relations[i][0].startswith(HIDDEN_PREFIX))
+                    or (q is not None and q in self.relations[i][1])
+                ]
+            elif isinstance(item, exp.Column):
+                items.append(self.rewritten(item).as_(item.name))
+            else:
+                items.append(self.rewritten(item))
+        return items
+
+    def derived(self, select: exp.Select, kept: Sequence[exp.Expression]) -> exp.Subquery:
+        """``(SELECT a.x AS a__x, ... FROM <the join> WHERE kept) AS _ivm_j`` of the columns
+        read (one if none: it keeps the rows' count)."""
+        chosen = [
+            (i, c)
+            for i, r in enumerate(self.relations)
+            for c in r[2]
+            if f"{r[0]}__{c}" in self.used
+        ] or [(0, self.relations[0][2][0])]
+        named = [(self.relations[i][0], c) for i, c in chosen]
+        inner = exp.select(*(exp.column(c, table=a).as_(f"{a}__{c}") for a, c in named))
+        inner.set(_FROM, select.args[_FROM].copy())
+        inner.set("joins", [j.copy() for j in select.args.get("joins") or []])
+        if kept:
+            inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))))
+        return exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(JOINED)))
+
+
 def wrap_join(
     select: exp.Select,
-    relations: Sequence[tuple[str, frozenset[str], tuple[str, ...]]],
+    relations: Relations,
     visible: Sequence[tuple[int, str]],
     kept: Sequence[exp.Expression],
     anti: exp.Expression,
@@ -453,86 +522,24 @@ def wrap_join(
         visible: the ``(relation, column)`` pairs ``*`` shows, in order.
         kept: WHERE's other conjuncts; anti: the NOT EXISTS/NOT IN conjunct.
     """
-
-    used: set[str] = set()
-
-    def plan_name(i: int, c: str) -> str:
-        used.add(f"{relations[i][0]}__{c}")
-        return f"{relations[i][0]}__{c}"
-
-    def resolve(col: exp.Column) -> str | None:
-        name = col.name.lower()
-        if col.table:
-            found = [i for i, r in enumerate(relations) if col.table.lower() in r[1]]
-        else:
-            found = [i for i, c in visible if c == name]
-        if len(found) == 1 and name in relations[found[0]][2]:
-            return plan_name(found[0], name)
-        return None
-
-    def rewritten(
-        e: exp.Expression, skip: Callable[[exp.Column], bool] = lambda c: False
-    ) -> exp.Expression:
-        out = e.copy()
-        for col in _own_columns(out) if not isinstance(out, exp.Column) else [out]:
-            target = None if skip(col) else resolve(col)
-            if target is not None:
-                new = exp.column(target, table=JOINED)
-                if col is out:
-                    return new
-                col.replace(new)
-        return out
-
+    join = _JoinColumns(relations, visible)
     out = select.copy()
-    items: list[exp.Expression] = []
-    for item in select.expressions:
-        star = isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        )
-        if star:
-            qualifier = item.table.lower() if isinstance(item, exp.Column) and item.table else None
-            items += [
-                exp.column(plan_name(i, c), table=JOINED).as_(c)
-                for i, c in visible
-                if (qualifier is None and not relations[i][0].startswith(HIDDEN_PREFIX))
-                or (qualifier is not None and qualifier in relations[i][1])
-            ]
-        elif isinstance(item, exp.Column):
-            items.append(rewritten(item).as_(item.name))
-        else:
-            items.append(rewritten(item))
-    out.set("expressions", items)
+    out.set("expressions", join.items(select))
     for key in ("group", "having", "order", "qualify"):
         if select.args.get(key):
-            out.set(key, rewritten(select.args[key]))
-    out.set("joins", None)
-    subquery = _subquery_of(anti)
-    qualifiers, columns = inner_columns(subquery)
-    own = lambda col: _is_inner(col, qualifiers, columns)  # noqa: E731
+            out.set(key, join.rewritten(select.args[key]))
+    qualifiers, columns = inner_columns(_subquery_of(anti))
     moved = anti.copy()
     for nested in [n for n in moved.walk() if isinstance(n, exp.Select)][:1]:
-        for col in _own_columns(nested):
-            if not own(col) and resolve(col) is not None:
-                col.replace(exp.column(resolve(col), table=JOINED))
-    probe = (
-        moved.this.this if isinstance(moved, exp.Not) and isinstance(moved.this, exp.In) else None
-    )
-    if probe is not None:
-        probe.replace(rewritten(probe))
+        for col in _own_columns(nested):  # the subquery's references to the join
+            new = None if _is_inner(col, qualifiers, columns) else join.resolve(col)
+            if new is not None:
+                col.replace(new)
+    if isinstance(moved, exp.Not) and isinstance(moved.this, exp.In):  # NOT IN's probe
+        moved.this.this.replace(join.rewritten(moved.this.this))
     out.set("where", exp.Where(this=moved))
-    # The join's columns the rest reads (one if none: it keeps the rows' count).
-    chosen = [(i, c) for i, r in enumerate(relations) for c in r[2] if f"{r[0]}__{c}" in used] or [
-        (0, relations[0][2][0])
-    ]
-    inner = exp.select(
-        *(exp.column(c, table=relations[i][0]).as_(f"{relations[i][0]}__{c}") for i, c in chosen)
-    )
-    inner.set(_FROM, select.args[_FROM].copy())
-    inner.set("joins", [j.copy() for j in select.args.get("joins") or []])
-    if kept:
-        inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))))
-    derived = exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(JOINED)))
-    out.set(_FROM, exp.From(this=derived))
+    out.set("joins", None)
+    out.set(_FROM, exp.From(this=join.derived(select, kept)))
     return out
 
 
@@ -562,7 +569,7 @@ def lift_having(select: exp.Select) -> exp.Select | None:
     having = select.args.get("having")
     if having is None:
         return None
-    conjuncts = _top_conjuncts(having.this)
+    conjuncts = split_conjuncts(having.this)
     lifted = [c for c in conjuncts if scalar_operand(c) is not None]
     if not lifted:
         return None
