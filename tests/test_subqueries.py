@@ -17,7 +17,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from assets.views import build_assets
+from assets.keys import AssetKeys
+from assets.views import VIEWS_OP, build_assets
+from dagster_project.definitions import build_definitions
+from dagster_project.jobs import REFRESH_JOB
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
 from ivm.config import load_project
@@ -111,10 +114,11 @@ def check(engine: Engine) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("mode", ["driver", "spark"])
-def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_policy, mode):
-    use_policy(Policy.spark_only() if mode == "spark" else None)
-    lake = JoinLake(tmp_path / "data", seed={"driver": 21, "spark": 22}[mode])
+def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_policy):
+    """Built once, then random batches computed in turn where the policy places them and by
+    Spark alone; every view checked against both oracles after each."""
+    default = use_policy()
+    lake = JoinLake(tmp_path / "data", seed=21)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
     # 2 + 2 scalar, 2 + 1 IN/EXISTS, 2 joins under NOT EXISTS/NOT IN, 1 derived table, 2
@@ -122,11 +126,14 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
     assert len(internal) == 14, internal
     assert engine.refresh().ok
     check(engine)
-    for _ in range(batches(3)):
+    for path in ["driver", "spark"] * batches(4, bound=1):
+        use_policy(Policy.spark_only() if path == "spark" else default)
         lake.random_batch()
         report = engine.refresh()
         assert report.ok, [(v.view, v.error) for v in report.views if v.error]
         assert {v.view for v in report.views} == set(engine.plan.order)
+        if path == "spark":
+            assert {v.computed_by for v in report.views} == {"spark"}
         check(engine)
 
 
@@ -161,3 +168,29 @@ def test_internal_views_are_not_assets_and_their_readers_depend_on_their_inputs(
     assert dg.AssetKey(["views", "orders_per_customer__t"]) not in specs
     deps = {d.asset_key for d in specs[keys.view("orders_per_customer")].deps}
     assert {keys.source("orders"), keys.source("customers")} <= deps
+
+
+@pytest.mark.spark
+def test_a_dagster_run_of_one_view_refreshes_its_internal_view(
+    spark, make_project, tmp_path
+) -> None:
+    """Materializing one view's asset refreshes the internal view it reads in the same step;
+    the run materializes that asset (and the epoch), not the internal view, and its check
+    passes."""
+    lake = JoinLake(tmp_path / "data", seed=7)
+    root = make_project({"orders_per_customer": VIEWS["orders_per_customer"]}, lake.create())
+    defs = build_definitions(root)
+    key = AssetKeys().view("orders_per_customer")
+    job = defs.resolve_job_def(REFRESH_JOB)
+    for _ in range(2):
+        result = job.execute_in_process(
+            instance=dg.DagsterInstance.ephemeral(), asset_selection=[key]
+        )
+        assert result.success
+        mats = {m.asset_key for m in result.asset_materializations_for_node(VIEWS_OP)}
+        assert key in mats and not any("__t" in k.path[-1] for k in mats), mats  # and the epoch
+        assert all(e.passed for e in result.get_asset_check_evaluations())
+        lake.random_batch()
+    engine = Engine(root, spark=spark)
+    assert engine.view_status("orders_per_customer__t").table_epoch == 2
+    assert all(c.equal for c in spark_compare_views(engine)), "internal view or reader differs"
