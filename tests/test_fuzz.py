@@ -43,9 +43,10 @@ from tests.fuzz import (
     reproduce,
     run_case,
 )
+from tests.lakegen import batches
 
 DEFAULT_SEEDS = (545, 365)
-"""The CI run's cases (each on both paths)."""
+"""The CI run's cases (each on both paths, through :func:`tests.lakegen.batches` batches)."""
 
 LONG_CASES = 30
 """Cases of ``--fuzz-long`` (``IVM_FUZZ_CASES`` overrides)."""
@@ -78,10 +79,8 @@ def _settings(config: pytest.Config) -> list[FuzzSettings]:
         seeds = [1000 + i for i in range(int(cases_opt) if cases_opt else LONG_CASES)]
     else:
         seeds = list(DEFAULT_SEEDS)
-    views, batches = (6, 4) if long else (4, 3)
-    return [
-        FuzzSettings(s, path, views, batches, long) for s in seeds for path in ("driver", "spark")
-    ]
+    views, n = (6, 4) if long else (4, batches(3))
+    return [FuzzSettings(s, path, views, n, long) for s in seeds for path in ("driver", "spark")]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -156,9 +155,7 @@ def test_excluded_features_are_not_generated() -> None:
     excluded = frozenset({"sum_double", "outer_join", "set_operations", "agg_of_group_key"})
     for seed in range(40):
         for view in generate_case(seed, excluded=excluded).views.values():
-            assert not set(view.features) & (excluded | {"left_join", "union", "except"}), (
-                view.sql
-            )
+            assert not set(view.features) & (excluded | {"left_join", "union", "except"}), view.sql
 
 
 def test_rows_compare_exactly_and_doubles_within_tolerance() -> None:
@@ -189,8 +186,10 @@ def test_a_failure_is_reduced_to_what_it_needs() -> None:
 
     def attempt(candidate: Case) -> Failure | None:
         calls.append(candidate)
-        has_row = any(r[0] == marker for r in candidate.tables.get(table, replace(
-            case.tables[table], rows=[])).rows)
+        has_row = any(
+            r[0] == marker
+            for r in candidate.tables.get(table, replace(case.tables[table], rows=[])).rows
+        )
         if target in candidate.views and has_row:
             return Failure(target, 1, "spark", "differs", step=0)
         return None

@@ -1,8 +1,9 @@
 """Subqueries made joins, against both oracles: correlated scalar subqueries (in WHERE and in
 the SELECT list, correlated or not, in HAVING), EXISTS and IN in joins, NOT EXISTS and NOT IN
-over joins, joined subqueries that aggregate (internal views), ``JOIN ... USING``, ``NATURAL JOIN``
-and keys written in every branch of an OR; over customers <- orders <- lines with NULL keys,
-hot keys, duplicates and rows that stop and start matching (``tests.lakegen.JoinLake``).
+over joins, EXISTS and NOT EXISTS correlated by <>, < or > besides equalities, joined
+subqueries that aggregate (internal views), ``JOIN ... USING``, ``NATURAL JOIN`` and keys
+written in every branch of an OR; over customers <- orders <- lines with NULL keys, hot keys,
+duplicates and rows that stop and start matching (``tests.lakegen.JoinLake``).
 
 After every epoch each view equals DuckDB's and Spark's from-scratch results of its own SQL
 (the SQL as written: neither oracle sees the rewrite), on the driver's path and on Spark's.
@@ -82,6 +83,28 @@ VIEWS = {
         SELECT o_cust, count(*) AS n FROM orders GROUP BY o_cust
         HAVING count(*) > (SELECT count(*) FROM orders) / 10 AND o_cust IS NOT NULL
     """,
+    "orders_with_other_lines": """
+        CREATE VIEW orders_with_other_lines AS
+        SELECT o_id, o_cust FROM orders o
+        WHERE EXISTS (SELECT * FROM lines l WHERE l.l_order = o.o_id AND l.l_no <> o.o_cust)
+    """,
+    "lines_alone": """
+        CREATE VIEW lines_alone AS
+        SELECT l1.l_order, l1.l_no FROM lines l1
+        WHERE NOT EXISTS (SELECT * FROM lines l2
+                          WHERE l2.l_order = l1.l_order AND l2.l_no <> l1.l_no AND l2.l_qty > 20)
+    """,
+    "cheapest_lines": """
+        CREATE VIEW cheapest_lines AS
+        SELECT l_order, l_no, l_price FROM lines l1
+        WHERE NOT EXISTS (SELECT * FROM lines l2
+                          WHERE l2.l_order = l1.l_order AND l2.l_price < l1.l_price)
+    """,
+    "orders_with_bigger_line": """
+        CREATE VIEW orders_with_bigger_line AS
+        SELECT c.c_name, o.o_id FROM customers c JOIN orders o ON o.o_cust = c.c_id
+        WHERE EXISTS (SELECT * FROM lines l WHERE l.l_order = o.o_id AND l.l_qty > o.o_total / 100)
+    """,
     "orders_per_customer": """
         CREATE VIEW orders_per_customer AS
         SELECT c.c_name, t.n, t.total
@@ -122,8 +145,9 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
     # 2 + 2 scalar, 2 + 1 IN/EXISTS, 2 joins under NOT EXISTS/NOT IN, 1 derived table, 2
-    # uncorrelated scalars with 2 outer inputs carrying their constant (1 of them groups)
-    assert len(internal) == 14, internal
+    # uncorrelated scalars with 2 outer inputs carrying their constant (1 of them groups), 4
+    # EXISTS/NOT EXISTS correlated by <>, < or > (their value spans)
+    assert len(internal) == 18, internal
     assert engine.refresh().ok
     check(engine)
     for path in ["driver", "spark"] * batches(4, bound=1):

@@ -64,6 +64,8 @@ from ivm.sql.subqueries import (
     JOINED,
     ONE,
     ScalarSubqueryRefused,
+    anti_bounded,
+    bounded_exists,
     decorrelate,
     decorrelate_select_list,
     lift_having,
@@ -193,6 +195,7 @@ class _Lowerer(ReduceLowering):
         s = self._decorrelated(s, ctes)
         s = self._select_list_decorrelated(s, ctes)
         s = self._anti_wrapped(s, ctes)
+        s = self._anti_bounded(s, ctes)
         node, scope = self.from_where(s, ctes)
         windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
         node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
@@ -376,7 +379,15 @@ class _Lowerer(ReduceLowering):
         # One EXISTS/IN over one FROM item is a SemiJoin (:meth:`filtered`); in a join (a
         # scalar subquery makes one), or beside other subquery predicates, the positive ones
         # become joins too.
-        semi_joins = bool(_arg(s, "joins")) or len(predicates) > 1 or scalars
+        semi_joins = (
+            bool(_arg(s, "joins"))
+            or len(predicates) > 1
+            or scalars
+            or any(
+                not isinstance(c, exp.Not) and bounded_exists(c, self._inner_columns(ctes))
+                for c in predicates
+            )
+        )
         if not scalars and not (semi_joins and any(semi_operand(c) is not None for c in conjuncts)):
             return s
 
@@ -447,6 +458,23 @@ class _Lowerer(ReduceLowering):
         ]
         kept = [c for c in conjuncts if c is not anti[0]]
         return wrap_join(s, relations, visible, kept, anti[0], self._inner_columns(ctes))
+
+    def _anti_bounded(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` (one FROM item) with each NOT EXISTS correlated by a comparison other than
+        equality made a LEFT JOIN (:func:`ivm.sql.subqueries.anti_bounded`)."""
+        where = s.args.get("where")
+        if _arg(s, "joins") or not isinstance(where, exp.Where):
+            return s
+        conjuncts = split_conjuncts(where.this)
+        inner_columns = self._inner_columns(ctes)
+        if not any(isinstance(c, exp.Not) and bounded_exists(c, inner_columns) for c in conjuncts):
+            return s
+        try:
+            out, added = anti_bounded(s, conjuncts, inner_columns, self._subqueries + 1)
+        except ScalarSubqueryRefused as e:
+            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+        self._subqueries += added
+        return out
 
     def check_join_kind(self, j: exp.Join) -> None:
         """Inner joins (``JOIN ... ON``, ``FROM a, b``, ``CROSS JOIN``) and LEFT/RIGHT/FULL

@@ -154,9 +154,11 @@ def decorrelate(
             kept.append(_with_value(c, exp.column("_v", table=alias)))
         else:
             q, probe = semi
-            derived, keys = _distinct(q, probe, inner_columns(q), c)
+            derived, keys, bound = _distinct(q, probe, inner_columns(q), c)
             if probe is not None:
                 kept.append(exp.EQ(this=exp.column("_v", table=alias), expression=probe.copy()))
+            if bound is not None:
+                kept.append(bound.holds(alias))
         table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         joins.append(exp.Join(this=table))
         kept += [
@@ -182,7 +184,13 @@ def _distinct(
     grouped = any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify"))
     if probe is not None and len(q.expressions) != 1:
         raise _refuse(f"{what} selecting several columns", at)
-    local, inner_keys, outer_keys = _correlation(q, inner, what)
+    local, inner_keys, outer_keys, bound = _correlation(q, inner, what, bounded=probe is None)
+    if bound is not None:
+        if not inner_keys:
+            raise bound.without_equality(what)
+        if grouped:
+            raise _refuse(f"{what} with GROUP BY, HAVING, LIMIT or DISTINCT and correlated", at)
+        return _spans(q, local, inner_keys, bound), outer_keys, bound
     if grouped and inner_keys:
         raise _refuse(f"{what} with GROUP BY, HAVING, LIMIT or DISTINCT and correlated", at)
     if probe is None and not inner_keys:
@@ -196,13 +204,31 @@ def _distinct(
             [(value.this if isinstance(value, exp.Alias) else value).copy().as_("_v")],
         )
         inner_q = exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("_s")))
-        return exp.select(exp.column("_v")).distinct().from_(inner_q), outer_keys
+        return exp.select(exp.column("_v")).distinct().from_(inner_q), outer_keys, None
     if probe is not None:
         value = q.expressions[0]
         outputs.append((value.this if isinstance(value, exp.Alias) else value).copy().as_("_v"))
     derived = exp.select(*outputs).distinct()
     _read_as(derived, q, local)
-    return derived, outer_keys
+    return derived, outer_keys, None
+
+
+def _spans(
+    q: exp.Select, local: Sequence[exp.Expression], keys: Sequence[exp.Expression], bound: Bound
+) -> exp.Select:
+    """``q``'s rows grouped by its correlation keys (``_k<i>``) with the least and greatest
+    non-NULL value of the bound's inner side (``_mn``, ``_mx``): what :meth:`Bound.holds`
+    reads. One row per key, so joining it keeps each outer row once."""
+    value = bound.inner
+    derived = exp.select(
+        *(k.copy().as_(f"_k{i}") for i, k in enumerate(keys)),
+        exp.Min(this=value.copy()).as_("_mn"),
+        exp.Max(this=value.copy()).as_("_mx"),
+    )
+    present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.null()))
+    _read_as(derived, q, [*local, present])
+    derived.set("group", exp.Group(expressions=[k.copy() for k in keys]))
+    return derived
 
 
 def select_subqueries(select: exp.Select) -> list[exp.Subquery]:
@@ -294,7 +320,7 @@ def _grouped(
     value = value.this if isinstance(value, exp.Alias) else value
     if not any(is_aggregate(n) for n in value.walk()):
         raise _refuse("a scalar subquery that does not aggregate (it may give several rows)", sub)
-    local, inner_keys, outer_keys = _correlation(q, inner, "a scalar subquery")
+    local, inner_keys, outer_keys, _ = _correlation(q, inner, "a scalar subquery")
     count = counted and isinstance(value, exp.Count)
     if inner_keys and not count and not _null_over_no_rows(value):
         raise _refuse(
@@ -326,38 +352,84 @@ def _read_as(derived: exp.Select, q: exp.Select, local: Sequence[exp.Expression]
         derived.set("where", exp.Where(this=exp.and_(*(c.copy() for c in local))))
 
 
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A subquery's one correlation by a comparison other than equality, ``inner op outer``
+    (``op`` written with the inner side on the left: ``<>``, ``<``, ``<=``, ``>``, ``>=``)."""
+
+    inner: exp.Expression
+    op: type[exp.Expression]
+    outer: exp.Expression
+    written: exp.Expression  # the conjunct as written (errors point at it)
+
+    def without_equality(self, what: str) -> ScalarSubqueryRefused:
+        return _refuse(
+            f"{what} correlated by a comparison ({self.written.sql(dialect='spark')}) and no "
+            "equality",
+            self.written,
+        )
+
+    _FLIPPED = {exp.LT: exp.GT, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.GTE: exp.LTE}
+
+    def holds(self, alias: str, *, negated: bool = False) -> exp.Expression:
+        """Whether some row of a group (whose non-NULL ``inner`` values span ``_mn`` ..
+        ``_mx`` in ``alias``) satisfies ``inner op outer``: ``<>`` some value differs (the
+        least or the greatest), ``<``/``<=`` the least, ``>``/``>=`` the greatest; with
+        ``negated``, that none does (the group present and ``outer`` not NULL)."""
+        mn, mx, s = exp.column("_mn", table=alias), exp.column("_mx", table=alias), self.outer
+        if self.op is exp.NEQ:
+            if negated:
+                return exp.and_(
+                    exp.EQ(this=mn, expression=s.copy()), exp.EQ(this=mx, expression=s.copy())
+                )
+            return exp.or_(
+                exp.NEQ(this=mn, expression=s.copy()), exp.NEQ(this=mx, expression=s.copy())
+            )
+        side = mn if self.op in (exp.LT, exp.LTE) else mx
+        negation = {exp.LT: exp.GTE, exp.LTE: exp.GT, exp.GT: exp.LTE, exp.GTE: exp.LT}
+        op = negation[self.op] if negated else self.op
+        return op(this=side, expression=s.copy())
+
+
 def _correlation(
-    q: exp.Select, inner: tuple[set[str], set[str]], what: str
-) -> tuple[list[exp.Expression], list[exp.Expression], list[exp.Expression]]:
+    q: exp.Select, inner: tuple[set[str], set[str]], what: str, *, bounded: bool = False
+) -> tuple[list[exp.Expression], list[exp.Expression], list[exp.Expression], Bound | None]:
     """A subquery's WHERE split into its own conjuncts and its correlation: the inner and
-    outer sides of each ``inner = outer`` equality.
+    outer sides of each ``inner = outer`` equality, and (when ``bounded``) at most one other
+    comparison of an inner and an outer expression (:class:`Bound`).
 
     Raises:
-        ScalarSubqueryRefused: a conjunct reads the outer query other than by such an
-            equality.
+        ScalarSubqueryRefused: a conjunct reads the outer query otherwise.
     """
     qualifiers, columns = inner
     where = q.args.get("where")
     local: list[exp.Expression] = []
     inner_keys: list[exp.Expression] = []
     outer_keys: list[exp.Expression] = []
+    bound: Bound | None = None
     for c in split_conjuncts(where.this) if where is not None else []:
         outer = [col for col in _own_columns(c) if not _is_inner(col, qualifiers, columns)]
         if not outer:
             local.append(c)
             continue
-        sides = (c.this, c.expression) if isinstance(c, exp.EQ) else ()
+        sides = (c.this, c.expression) if isinstance(c, _COMPARISONS) else ()
         mine = [x for x in sides if _reads_only(x, qualifiers, columns, inner=True)]
         theirs = [x for x in sides if _reads_only(x, qualifiers, columns, inner=False)]
-        if not (mine and theirs and mine[0] is not theirs[0]):
+        paired = bool(mine and theirs and mine[0] is not theirs[0])
+        if paired and isinstance(c, exp.EQ):
+            inner_keys.append(mine[0])
+            outer_keys.append(theirs[0])
+        elif paired and bounded and bound is None:
+            op = type(c) if mine[0] is c.this else Bound._FLIPPED.get(type(c), type(c))
+            bound = Bound(mine[0], op, theirs[0], c)
+        else:
+            what_else = "inner = outer and one other comparison" if bounded else "inner = outer"
             raise _refuse(
-                f"{what} correlated by a condition other than inner = outer "
+                f"{what} correlated by a condition other than {what_else} "
                 f"({c.sql(dialect='spark')})",
                 c,
             )
-        inner_keys.append(mine[0])
-        outer_keys.append(theirs[0])
-    return local, inner_keys, outer_keys
+    return local, inner_keys, outer_keys, bound
 
 
 def _refuse(construct: str, at: exp.Expression) -> ScalarSubqueryRefused:
@@ -597,3 +669,68 @@ def lift_having(select: exp.Select) -> exp.Select | None:
     out.set(_FROM, exp.From(this=derived))
     out.set("where", exp.Where(this=exp.and_(*compared)))
     return out
+
+
+def bounded_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
+    """Whether ``conjunct`` is ``[NOT] EXISTS (q)`` with ``q`` correlated by a comparison other
+    than equality (:class:`Bound`), besides equalities."""
+    e = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
+    while isinstance(e, exp.Paren):
+        e = e.this
+    if not (isinstance(e, exp.Exists) and isinstance(e.this, exp.Select)):
+        return False
+    try:
+        bound = _correlation(e.this, inner_columns(e.this), "", bounded=True)[3]
+    except ScalarSubqueryRefused:
+        return False
+    return bound is not None
+
+
+def anti_bounded(
+    select: exp.Select,
+    conjuncts: Sequence[exp.Expression],
+    inner_columns: InnerColumns,
+    first_number: int,
+) -> tuple[exp.Select, int]:
+    """``select`` (one FROM item; its WHERE is ``conjuncts``) with each ``NOT EXISTS`` whose
+    subquery is correlated by equalities and one other comparison made a LEFT JOIN with the
+    subquery's value span per key (:func:`_spans`): an outer row is kept when no group
+    matches it, when its side of the comparison is NULL, or when no value of its group
+    satisfies the comparison (:meth:`Bound.holds` negated). Also how many were rewritten.
+
+    Raises:
+        ScalarSubqueryRefused: a subquery the rewrite cannot take.
+    """
+    out = select.copy()
+    joins = list(out.args.get("joins") or [])
+    kept: list[exp.Expression] = []
+    number = first_number
+    for c in conjuncts:
+        if not (isinstance(c, exp.Not) and bounded_exists(c, inner_columns)):
+            kept.append(c.copy())
+            continue
+        q = _subquery_of(c)
+        local, keys, outer_keys, bound = _correlation(q, inner_columns(q), "", bounded=True)
+        assert bound is not None  # bounded_exists
+        if not keys:
+            raise bound.without_equality("a NOT EXISTS subquery")
+        if any(q.args.get(k) for k in ("group", "having", "limit", "distinct")):
+            raise _refuse("a NOT EXISTS subquery with GROUP BY, HAVING, LIMIT or DISTINCT", c)
+        alias = f"{HIDDEN_PREFIX}{number}"
+        number += 1
+        on = exp.and_(
+            *(
+                exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
+                for i, o in enumerate(outer_keys)
+            )
+        )
+        table = exp.Subquery(
+            this=_spans(q, local, keys, bound), alias=exp.TableAlias(this=exp.to_identifier(alias))
+        )
+        joins.append(exp.Join(this=table, side="LEFT", on=on))
+        unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
+        unknown = exp.Is(this=bound.outer.copy(), expression=exp.null())
+        kept.append(exp.Paren(this=exp.or_(unmatched, unknown, bound.holds(alias, negated=True))))
+    out.set("joins", joins)
+    out.set("where", exp.Where(this=exp.and_(*kept)))
+    return out, number - first_number

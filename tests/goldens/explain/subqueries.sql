@@ -27,3 +27,10 @@ SELECT id, price FROM items WHERE price > (SELECT avg(price) FROM items WHERE qt
 CREATE VIEW big_parts AS
 SELECT part, sum(price) AS total FROM items GROUP BY part
 HAVING sum(price) > (SELECT sum(price) * 0.1 FROM items)
+;
+CREATE VIEW cheapest_items AS
+SELECT id, part, price FROM items i
+WHERE NOT EXISTS (SELECT * FROM items j WHERE j.part = i.part AND j.price < i.price);
+CREATE VIEW items_of_several_orders AS
+SELECT id FROM items i
+WHERE EXISTS (SELECT * FROM items j WHERE j.part = i.part AND j.id <> i.id)
