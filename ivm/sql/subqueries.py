@@ -161,10 +161,7 @@ def decorrelate(
                 kept.append(bound.holds(alias))
         table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         joins.append(exp.Join(this=table))
-        kept += [
-            exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
-            for i, o in enumerate(keys)
-        ]
+        kept += _key_equalities(alias, keys)
     out.set("joins", joins)
     out.set("where", exp.Where(this=exp.and_(*kept)))
     return out, number - first_number
@@ -274,12 +271,7 @@ def decorrelate_select_list(
             )
         copy.replace(value)
         table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
-        on = exp.and_(
-            *(
-                exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
-                for i, o in enumerate(keys)
-            )
-        )
+        on = exp.and_(*_key_equalities(alias, keys))
         joins.append(exp.Join(this=table, side="LEFT", on=on))
     out.set("joins", joins)
     return out, len(subs)
@@ -338,6 +330,14 @@ def _grouped(
     if inner_keys:
         derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
     return derived, outer_keys, count
+
+
+def _key_equalities(alias: str, outer_keys: Sequence[exp.Expression]) -> list[exp.Expression]:
+    """``alias._k<i> = outer`` for each correlation key: how a decorrelated subquery joins."""
+    return [
+        exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
+        for i, o in enumerate(outer_keys)
+    ]
 
 
 def _read_as(derived: exp.Select, q: exp.Select, local: Sequence[exp.Expression]) -> None:
@@ -718,12 +718,7 @@ def anti_bounded(
             raise _refuse("a NOT EXISTS subquery with GROUP BY, HAVING, LIMIT or DISTINCT", c)
         alias = f"{HIDDEN_PREFIX}{number}"
         number += 1
-        on = exp.and_(
-            *(
-                exp.EQ(this=exp.column(f"_k{i}", table=alias), expression=o.copy())
-                for i, o in enumerate(outer_keys)
-            )
-        )
+        on = exp.and_(*_key_equalities(alias, outer_keys))
         table = exp.Subquery(
             this=_spans(q, local, keys, bound), alias=exp.TableAlias(this=exp.to_identifier(alias))
         )
