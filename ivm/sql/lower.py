@@ -614,7 +614,7 @@ class _Lowerer(ReduceLowering):
         input's updates, so the result is maintained update by update.
         """
         self._items = [first, *(j.this for j in joins)]  # where each input is written
-        on = [[], *(self._onconjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
+        on = [[], *(self._on_conjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
         fold = _Fold()
         for i in range(1, len(scope.relations)):
             self._fold_in(scope, fold, i, joins[i - 1], on[i])
@@ -632,7 +632,7 @@ class _Lowerer(ReduceLowering):
             )
         return fold.built
 
-    def _onconjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
+    def _on_conjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
         """The conjuncts of ``j``'s ON (joining relation ``i``), resolved, each with its
         constant value if it has one; ``ON NULL`` is refused (Spark rejects its type), and so
         is a conjunct reading a relation joined after ``i`` (Spark cannot resolve it)."""
@@ -797,7 +797,7 @@ class _Lowerer(ReduceLowering):
             m: [p] if p is not None else [] for m, (_, p, _) in decomposed.items()
         }
         optional = set(range(len(members))) - set(preserve) if preserve else set()
-        equalities, residual = self._placeconjuncts(
+        equalities, residual = self._place_conjuncts(
             scope, members, conjuncts, preserve, optional, pushed, subs
         )
         classes = self._one_key_per_input(
@@ -818,7 +818,7 @@ class _Lowerer(ReduceLowering):
             inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
         return Join(tuple(inputs_), classes, tuple(residual), preserve)
 
-    def _placeconjuncts(
+    def _place_conjuncts(
         self,
         scope: Scope,
         members: list[int],
