@@ -63,7 +63,7 @@ from ivm.sql.subqueries import (
     GROUPED,
     JOINED,
     ONE,
-    ScalarSubqueryRefused,
+    SubqueryRefused,
     anti_bounded,
     bounded_exists,
     decorrelate,
@@ -188,7 +188,7 @@ class _Lowerer(ReduceLowering):
                 raise self.unsupported(construct, self._located(at, s))
         try:
             lifted = lift_having(s)
-        except ScalarSubqueryRefused as e:
+        except SubqueryRefused as e:
             raise self.unsupported(e.refusal.construct, e.refusal.at) from None
         if lifted is not None:
             return self.select(lifted, ctes, need_names=need_names)
@@ -396,7 +396,7 @@ class _Lowerer(ReduceLowering):
             out, added = decorrelate(
                 s, conjuncts, self._inner_columns(ctes), first, semi_joins=semi_joins
             )
-        except ScalarSubqueryRefused as e:
+        except SubqueryRefused as e:
             raise self.unsupported(e.refusal.construct, e.refusal.at) from None
         self._subqueries += added
         return out
@@ -426,7 +426,7 @@ class _Lowerer(ReduceLowering):
         first = self._subqueries + 1
         try:
             out, added = decorrelate_select_list(s, self._inner_columns(ctes), first)
-        except ScalarSubqueryRefused as e:
+        except SubqueryRefused as e:
             raise self.unsupported(e.refusal.construct, e.refusal.at) from None
         self._subqueries += added
         return out
@@ -471,7 +471,7 @@ class _Lowerer(ReduceLowering):
             return s
         try:
             out, added = anti_bounded(s, conjuncts, inner_columns, self._subqueries + 1)
-        except ScalarSubqueryRefused as e:
+        except SubqueryRefused as e:
             raise self.unsupported(e.refusal.construct, e.refusal.at) from None
         self._subqueries += added
         return out

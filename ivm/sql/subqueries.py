@@ -1,23 +1,27 @@
-"""Decorrelation of scalar subqueries: a rewrite of one SELECT's syntax tree into a join.
+"""Subqueries rewritten into joins: rewrites of one SELECT's syntax tree that the lowerer
+then plans with the operators it has (joins, semi/anti joins, reductions, internal views).
 
-Owns :func:`decorrelate_scalars`. A WHERE conjunct comparing with a scalar subquery that
-aggregates, correlated with the outer query by equalities,
+Owns the rewrites and their conditions:
 
-    ``... WHERE x < (SELECT 0.2 * avg(q) FROM t WHERE t.k = o.k AND t.f = 1)``
+- :func:`decorrelate`: a WHERE comparison with a scalar subquery that aggregates, correlated
+  by equalities, ``... WHERE x < (SELECT 0.2 * avg(q) FROM t WHERE t.k = o.k AND t.f = 1)``,
+  becomes a join with the subquery grouped by its keys, ``... JOIN (SELECT t.k AS _k0, 0.2 *
+  avg(q) AS _v FROM t WHERE t.f = 1 GROUP BY t.k) AS _ivm_sq1 WHERE x < _ivm_sq1._v AND
+  _ivm_sq1._k0 = o.k``: the same multiset, since an outer row without a group would compare
+  with NULL (the aggregate of no rows; COUNT is refused), which WHERE drops as the join does.
+  An uncorrelated one joins on a constant the outer rows carry (:func:`_wrap_for_constant`).
+  ``EXISTS``/``IN`` become joins with the subquery's distinct keys (:func:`_distinct`), or,
+  correlated by one other comparison too, with its value span per key (:class:`Bound`).
+- :func:`decorrelate_select_list`: a scalar subquery in the SELECT list, a LEFT JOIN.
+- :func:`lift_having`: HAVING compared with a subquery, the groups filtered by WHERE.
+- :func:`wrap_join`: a join under NOT EXISTS/NOT IN, one FROM item; :func:`anti_bounded`:
+  NOT EXISTS correlated by a comparison, a LEFT JOIN with the value span per key.
 
-becomes a join with that subquery grouped by its correlation keys,
+The lowerer plans each derived table that aggregates or joins as an internal view, so a
+change to ``t`` updates one group's row and re-examines only the outer rows with that key.
+Anything else is refused by name (:class:`SubqueryRefused`, which the lowerer locates).
 
-    ``... JOIN (SELECT t.k AS _k0, 0.2 * avg(q) AS _v FROM t WHERE t.f = 1 GROUP BY t.k)
-    AS _ivm_sq1 WHERE x < _ivm_sq1._v AND _ivm_sq1._k0 = o.k``
-
-which is the same multiset: an outer row whose key has no group would compare with NULL (the
-aggregate of no rows), which WHERE drops, as the inner join drops it. So the rewrite needs an
-expression that is NULL over no rows (no COUNT), a comparison at the top of WHERE, and
-correlation by equalities only; anything else is refused by name. The lowerer then plans the
-grouped subquery as an internal view (a join input that is an aggregate), so a change to ``t``
-updates one group's value and re-examines only the outer rows with that key.
-
-Contract in ``(data, time, diff)`` terms: a pure rewrite of SQL; the rewritten SELECT has the
+Contract in ``(data, time, diff)`` terms: pure rewrites of SQL; each rewritten SELECT has the
 same result as the original at every time, so its updates are the original's updates.
 """
 
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from ivm.errors import IvmError
 from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate, split_conjuncts
 
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"
@@ -51,14 +56,16 @@ _EMPTY_NOT_NULL = (exp.Count,)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why a scalar subquery cannot be decorrelated, and where."""
+    """Why a subquery cannot be rewritten, and where."""
 
     construct: str
     message: str
     at: exp.Expression
 
 
-class ScalarSubqueryRefused(Exception):  # noqa: N818 - carries a Refusal to the lowerer
+class SubqueryRefused(IvmError):
+    """A subquery no rewrite takes; the lowerer turns it into a located ``SqlError``."""
+
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
@@ -133,7 +140,7 @@ def decorrelate(
     added are ``_ivm_sq<n>``, from ``first_number`` up; also how many were added.
 
     Raises:
-        ScalarSubqueryRefused: a subquery the rewrite cannot take.
+        SubqueryRefused: a subquery the rewrite cannot take.
     """
     out = select.copy()
     joins = list(out.args.get("joins") or [])
@@ -243,7 +250,7 @@ def decorrelate_select_list(
     outer join of more inputs is not maintained).
 
     Raises:
-        ScalarSubqueryRefused: a subquery the rewrite cannot take.
+        SubqueryRefused: a subquery the rewrite cannot take.
     """
     subs = select_subqueries(select)
     if len(subs) > 1:
@@ -362,7 +369,7 @@ class Bound:
     outer: exp.Expression
     written: exp.Expression  # the conjunct as written (errors point at it)
 
-    def without_equality(self, what: str) -> ScalarSubqueryRefused:
+    def without_equality(self, what: str) -> SubqueryRefused:
         return _refuse(
             f"{what} correlated by a comparison ({self.written.sql(dialect='spark')}) and no "
             "equality",
@@ -399,7 +406,7 @@ def _correlation(
     comparison of an inner and an outer expression (:class:`Bound`).
 
     Raises:
-        ScalarSubqueryRefused: a conjunct reads the outer query otherwise.
+        SubqueryRefused: a conjunct reads the outer query otherwise.
     """
     qualifiers, columns = inner
     where = q.args.get("where")
@@ -432,8 +439,8 @@ def _correlation(
     return local, inner_keys, outer_keys, bound
 
 
-def _refuse(construct: str, at: exp.Expression) -> ScalarSubqueryRefused:
-    return ScalarSubqueryRefused(Refusal(construct, construct, at))
+def _refuse(construct: str, at: exp.Expression) -> SubqueryRefused:
+    return SubqueryRefused(Refusal(construct, construct, at))
 
 
 def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
@@ -635,7 +642,7 @@ def lift_having(select: exp.Select) -> exp.Select | None:
     (:func:`decorrelate`). None when HAVING compares with no scalar subquery.
 
     Raises:
-        ScalarSubqueryRefused: an output without a name, or a LIMIT (it would apply before
+        SubqueryRefused: an output without a name, or a LIMIT (it would apply before
             the comparison).
     """
     having = select.args.get("having")
@@ -681,7 +688,7 @@ def bounded_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> boo
         return False
     try:
         bound = _correlation(e.this, inner_columns(e.this), "", bounded=True)[3]
-    except ScalarSubqueryRefused:
+    except SubqueryRefused:
         return False
     return bound is not None
 
@@ -699,7 +706,7 @@ def anti_bounded(
     satisfies the comparison (:meth:`Bound.holds` negated). Also how many were rewritten.
 
     Raises:
-        ScalarSubqueryRefused: a subquery the rewrite cannot take.
+        SubqueryRefused: a subquery the rewrite cannot take.
     """
     out = select.copy()
     joins = list(out.args.get("joins") or [])
