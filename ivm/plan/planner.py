@@ -194,15 +194,7 @@ def plan_views(
     """
     failed: dict[str, IvmError] = dict(broken or {})
     bad_sources = dict(broken_sources or {})
-    by_name: dict[str, ParsedView] = {}
-    for p in parsed:
-        if p.name in by_name:
-            raise ConfigError(
-                f"{p.file}: view {p.name!r} is already defined in {by_name[p.name].file}"
-            )
-        if p.name in source_columns or p.name in bad_sources:
-            raise ConfigError(f"{p.file}: view {p.name!r} has the name of a source in ivm.toml")
-        by_name[p.name] = p
+    by_name = _by_name(parsed, {*source_columns, *bad_sources})
     graph = {name: referenced_tables(p) & set(by_name) for name, p in by_name.items()}
     try:
         order = list(TopologicalSorter(graph).static_order())
@@ -247,6 +239,24 @@ def plan_views(
         _arrangements(plans, catalog),
         failed,
     )
+
+
+def _by_name(parsed: Sequence[ParsedView], sources: Collection[str]) -> dict[str, ParsedView]:
+    """The views by name.
+
+    Raises:
+        ConfigError: two views share a name, or a view has a source's name.
+    """
+    by_name: dict[str, ParsedView] = {}
+    for p in parsed:
+        if p.name in by_name:
+            raise ConfigError(
+                f"{p.file}: view {p.name!r} is already defined in {by_name[p.name].file}"
+            )
+        if p.name in sources:
+            raise ConfigError(f"{p.file}: view {p.name!r} has the name of a source in ivm.toml")
+        by_name[p.name] = p
+    return by_name
 
 
 def _internal_plan(v: InternalView, owner: ParsedView, append_only: Collection[str]) -> ViewPlan:
