@@ -236,14 +236,13 @@ def _origins(engine: Inspector, name: str) -> dict[str, set[tuple[str, str]]]:
 
 def _column_lineage(engine: Inspector, name: str, keys: AssetKeys) -> dg.TableColumnLineage:
     """Each column's origins in the sources and views the view reads (from the plan)."""
-    view_or_source = {
-        coll: keys.view(coll) if coll in engine.plan.views else keys.source(coll)
-        for deps in _origins(engine, name).values()
-        for coll, _ in deps
-    }
+
+    def key(coll: str) -> dg.AssetKey:
+        return keys.view(coll) if coll in engine.plan.views else keys.source(coll)
+
     return dg.TableColumnLineage(
         deps_by_column={
-            column: [dg.TableColumnDep(view_or_source[coll], c) for coll, c in sorted(deps)]
+            column: [dg.TableColumnDep(key(coll), c) for coll, c in sorted(deps)]
             for column, deps in _origins(engine, name).items()
             if deps
         }

@@ -190,8 +190,15 @@ def test_internal_views_are_not_assets_and_their_readers_depend_on_their_inputs(
     assets, keys = build_assets(load_project(root))
     specs = {s.key: s for a in assets for s in a.specs}
     assert dg.AssetKey(["views", "orders_per_customer__t"]) not in specs
-    deps = {d.asset_key for d in specs[keys.view("orders_per_customer")].deps}
+    spec = specs[keys.view("orders_per_customer")]
+    deps = {d.asset_key for d in spec.deps}
     assert {keys.source("orders"), keys.source("customers")} <= deps
+    assert keys.view("orders_per_customer__t") not in deps  # its arrangement is an asset
+    # Column lineage goes through the internal view to the source's columns.
+    lineage = spec.metadata["dagster/column_lineage"].deps_by_column
+    assert [(d.asset_key, d.column_name) for d in lineage["total"]] == [
+        (keys.source("orders"), "o_total")
+    ]
 
 
 @pytest.mark.spark

@@ -72,6 +72,7 @@ from ivm.sql.subqueries import (
     scalar_operand,
     select_subqueries,
     semi_operand,
+    subquery_predicate,
     wrap_join,
 )
 
@@ -189,7 +190,7 @@ class _Lowerer(ReduceLowering):
         try:
             lifted = lift_having(s)
         except SubqueryRefused as e:
-            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+            raise self.unsupported(e.construct, e.at) from None
         if lifted is not None:
             return self.select(lifted, ctes, need_names=need_names)
         s = self._decorrelated(s, ctes)
@@ -240,8 +241,8 @@ class _Lowerer(ReduceLowering):
         scope = Scope((rel,))
         if not conjuncts:
             return node, scope
-        subqueries = [c for c in conjuncts if _subquery_predicate(c) is not None]
-        plain = [c for c in conjuncts if _subquery_predicate(c) is None]
+        subqueries = [c for c in conjuncts if subquery_predicate(c) is not None]
+        plain = [c for c in conjuncts if subquery_predicate(c) is None]
         if len(subqueries) > 1:
             raise self.unsupported("more than one EXISTS/IN subquery in WHERE", subqueries[1])
         if subqueries:
@@ -374,7 +375,7 @@ class _Lowerer(ReduceLowering):
         (:mod:`ivm.sql.subqueries`); ``s`` itself when it has none."""
         where = s.args.get("where")
         conjuncts = split_conjuncts(where.this) if isinstance(where, exp.Where) else []
-        predicates = [c for c in conjuncts if _subquery_predicate(c) is not None]
+        predicates = [c for c in conjuncts if subquery_predicate(c) is not None]
         scalars = any(scalar_operand(c) is not None for c in conjuncts)
         # One EXISTS/IN over one FROM item is a SemiJoin (:meth:`filtered`); in a join (a
         # scalar subquery makes one), or beside other subquery predicates, the positive ones
@@ -397,7 +398,7 @@ class _Lowerer(ReduceLowering):
                 s, conjuncts, self._inner_columns(ctes), first, semi_joins=semi_joins
             )
         except SubqueryRefused as e:
-            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+            raise self.unsupported(e.construct, e.at) from None
         self._subqueries += added
         return out
 
@@ -427,7 +428,7 @@ class _Lowerer(ReduceLowering):
         try:
             out, added = decorrelate_select_list(s, self._inner_columns(ctes), first)
         except SubqueryRefused as e:
-            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+            raise self.unsupported(e.construct, e.at) from None
         self._subqueries += added
         return out
 
@@ -442,7 +443,7 @@ class _Lowerer(ReduceLowering):
         anti = [
             c
             for c in conjuncts
-            if (p := _subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
+            if (p := subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
         ]
         if not anti:
             return s
@@ -472,7 +473,7 @@ class _Lowerer(ReduceLowering):
         try:
             out, added = anti_bounded(s, conjuncts, inner_columns, self._subqueries + 1)
         except SubqueryRefused as e:
-            raise self.unsupported(e.refusal.construct, e.refusal.at) from None
+            raise self.unsupported(e.construct, e.at) from None
         self._subqueries += added
         return out
 
@@ -949,7 +950,7 @@ class _Lowerer(ReduceLowering):
         The subquery reads one collection; its WHERE may hold equalities with the outer row
         (the keys) and conditions on its own columns (its filter).
         """
-        kind, query, probe = _subquery_predicate(predicate)
+        kind, query, probe = subquery_predicate(predicate)
         select, item = self._subquery_select(kind, query, predicate)
         inner = self.relation(item, ctes)
         if inner.qualifiers & outer.qualifiers:
@@ -1470,21 +1471,6 @@ def _without_void_branches(node: Node) -> Node:
             tuple((n, exp.column(c)) for n, c in zip(node.columns, kept[0].columns, strict=True)),
         )
     return kept[0] if len(kept) == 1 else UnionAll(tuple(kept))
-
-
-def _subquery_predicate(
-    e: exp.Expression,
-) -> tuple[str, exp.Expression, exp.Expression | None] | None:
-    """``(kind, subquery, probe)`` for ``[NOT] EXISTS (q)`` / ``x [NOT] IN (q)``, else None."""
-    negated = isinstance(e, exp.Not)
-    inner = e.this if negated else e
-    while isinstance(inner, exp.Paren):
-        inner = inner.this
-    if isinstance(inner, exp.Exists):
-        return ("NOT EXISTS" if negated else "EXISTS", inner.this, None)
-    if isinstance(inner, exp.In) and inner.args.get("query") is not None:
-        return ("NOT IN" if negated else "IN", inner.args["query"], inner.this)
-    return None
 
 
 def _unalias(e: exp.Expression) -> exp.Expression:

@@ -3,8 +3,10 @@
 
 Owns the FROM items a query names (:class:`Relation`), the scope its expressions see
 (:class:`Scope`: with one relation a column keeps its name, in a join column ``c`` of ``a`` is
-``a__c``), and :class:`LoweringContext`: one view's lowering state (view, catalog, hints, fresh
-labels for stateful nodes) and its errors, each naming the construct and its ``line:col``.
+``a__c``; after ``USING``/``NATURAL`` the columns ``*`` shows), :func:`split_conjuncts` (a
+condition's conjuncts, those common to an OR's branches among them), and
+:class:`LoweringContext`: one view's lowering state (view, catalog, hints, fresh labels for
+stateful nodes) and its errors, each naming the construct and its ``line:col``.
 
 Contract: :meth:`LoweringContext.expression` takes an expression as written and returns a copy
 with every column resolved to its plan name; it builds no plan node. It raises ``SqlError`` for

@@ -54,21 +54,13 @@ _EMPTY_NOT_NULL = (exp.Count,)
 """Aggregates whose value over no rows is not NULL (``COUNT`` is 0)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a subquery cannot be rewritten, and where."""
-
-    construct: str
-    message: str
-    at: exp.Expression
-
-
 class SubqueryRefused(IvmError):
-    """A subquery no rewrite takes; the lowerer turns it into a located ``SqlError``."""
+    """A subquery no rewrite takes (``construct``, at ``at``); the lowerer turns it into a
+    located ``SqlError``."""
 
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message)
-        self.refusal = refusal
+    def __init__(self, construct: str, at: exp.Expression) -> None:
+        super().__init__(construct)
+        self.construct, self.at = construct, at
 
 
 InnerColumns = Callable[[exp.Select], tuple[set[str], set[str]]]
@@ -113,17 +105,34 @@ def _with_value(conjunct: exp.Expression, value: exp.Expression) -> exp.Expressi
     return out
 
 
+def subquery_predicate(
+    e: exp.Expression,
+) -> tuple[str, exp.Expression, exp.Expression | None] | None:
+    """``(kind, subquery, probe)`` for ``[NOT] EXISTS (q)`` / ``x [NOT] IN (q)``, else None."""
+    negated = isinstance(e, exp.Not)
+    inner = e.this if negated else e
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.Exists):
+        return ("NOT EXISTS" if negated else "EXISTS", inner.this, None)
+    if isinstance(inner, exp.In) and inner.args.get("query") is not None:
+        return ("NOT IN" if negated else "IN", inner.args["query"], inner.this)
+    return None
+
+
+def _select_of(q: exp.Expression) -> exp.Select | None:
+    """The SELECT of a subquery (``(SELECT ...)`` or ``SELECT ...``); None for a union."""
+    q = q.this if isinstance(q, exp.Subquery) else q
+    return q if isinstance(q, exp.Select) else None
+
+
 def semi_operand(conjunct: exp.Expression) -> tuple[exp.Select, exp.Expression | None] | None:
     """``(subquery, probe)`` of a top-level ``EXISTS (q)`` (probe None) or ``x IN (q)``."""
-    e = conjunct
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if isinstance(e, exp.Exists) and isinstance(e.this, exp.Select):
-        return e.this, None
-    query = e.args.get("query") if isinstance(e, exp.In) else None
-    if isinstance(query, exp.Subquery) and isinstance(query.this, exp.Select):
-        return query.this, e.this
-    return None
+    found = subquery_predicate(conjunct)
+    if found is None or found[0] not in ("EXISTS", "IN"):
+        return None
+    q = _select_of(found[1])
+    return (q, found[2]) if q is not None else None
 
 
 def decorrelate(
@@ -179,11 +188,13 @@ def _distinct(
     probe: exp.Expression | None,
     inner: tuple[set[str], set[str]],
     at: exp.Expression,
-) -> tuple[exp.Select, list[exp.Expression]]:
+) -> tuple[exp.Select, list[exp.Expression], Bound | None]:
     """``EXISTS (q)`` / ``probe IN (q)`` as the distinct rows of ``q``'s correlation keys
     (``_k<i>``) and, for IN, its value (``_v``): joining them on equal keys keeps each outer
     row once when some row of ``q`` matches it, as the semi-join does (and a NULL probe or
-    key matches nothing, as IN and ``=`` do not in WHERE). Also the outer side of each key."""
+    key matches nothing, as IN and ``=`` do not in WHERE). Also the outer side of each key,
+    and for an EXISTS correlated by one other comparison, that :class:`Bound` (the rows are
+    then the value spans of :func:`_spans`)."""
     what = "an IN subquery" if probe is not None else "an EXISTS subquery"
     grouped = any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify"))
     if probe is not None and len(q.expressions) != 1:
@@ -260,8 +271,7 @@ def decorrelate_select_list(
     if select.args.get("group") or any(
         is_aggregate(n)
         for item in select.expressions
-        for n in item.walk()
-        if not any(isinstance(p, exp.Subquery) for p in _ancestors(n, item))
+        for n in item.walk(prune=lambda n: isinstance(n, exp.Subquery))
     ):
         raise _refuse("a scalar subquery in the SELECT list of a grouped query", subs[0])
     out = select.copy()
@@ -282,14 +292,6 @@ def decorrelate_select_list(
         joins.append(exp.Join(this=table, side="LEFT", on=on))
     out.set("joins", joins)
     return out, len(subs)
-
-
-def _ancestors(n: exp.Expression, top: exp.Expression) -> list[exp.Expression]:
-    out = []
-    while n is not top and n.parent is not None:
-        n = n.parent
-        out.append(n)
-    return out
 
 
 def _grouped(
@@ -440,7 +442,7 @@ def _correlation(
 
 
 def _refuse(construct: str, at: exp.Expression) -> SubqueryRefused:
-    return SubqueryRefused(Refusal(construct, construct, at))
+    return SubqueryRefused(construct, at)
 
 
 def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
@@ -623,12 +625,12 @@ def wrap_join(
 
 
 def _subquery_of(predicate: exp.Expression) -> exp.Select:
-    """The query of ``[NOT] EXISTS (q)`` or ``x [NOT] IN (q)``."""
-    e = predicate.this if isinstance(predicate, exp.Not) else predicate
-    while isinstance(e, exp.Paren):
-        e = e.this
-    q = e.this if isinstance(e, exp.Exists) else e.args["query"]
-    return q.this if isinstance(q, exp.Subquery) else q
+    """The query of ``[NOT] EXISTS (q)`` or ``x [NOT] IN (q)`` (a SELECT: the callers'
+    :func:`subquery_predicate` checks have seen it)."""
+    found = subquery_predicate(predicate)
+    q = _select_of(found[1]) if found is not None else None
+    assert q is not None, predicate.sql()
+    return q
 
 
 GROUPED = "_ivm_g"
@@ -681,13 +683,12 @@ def lift_having(select: exp.Select) -> exp.Select | None:
 def bounded_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
     """Whether ``conjunct`` is ``[NOT] EXISTS (q)`` with ``q`` correlated by a comparison other
     than equality (:class:`Bound`), besides equalities."""
-    e = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
-    while isinstance(e, exp.Paren):
-        e = e.this
-    if not (isinstance(e, exp.Exists) and isinstance(e.this, exp.Select)):
+    found = subquery_predicate(conjunct)
+    q = _select_of(found[1]) if found is not None and found[0].endswith("EXISTS") else None
+    if q is None:
         return False
     try:
-        bound = _correlation(e.this, inner_columns(e.this), "", bounded=True)[3]
+        bound = _correlation(q, inner_columns(q), "", bounded=True)[3]
     except SubqueryRefused:
         return False
     return bound is not None
