@@ -42,7 +42,7 @@ from pyspark.sql import types as T
 import ivm.policy
 from ivm.errors import InvariantViolation
 from ivm.policy import Policy
-from ivm.sql.lower import RESERVED_PREFIX
+from ivm.sql.scope import RESERVED_PREFIX
 from ops import DIFF
 from ops.ingest import read_files
 from ops.log_sink import (

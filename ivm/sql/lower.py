@@ -22,7 +22,7 @@ engine's own (``_time``, ``_diff``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Literal
@@ -50,9 +50,11 @@ from ivm.plan.ir import (
     walk,
 )
 from ivm.sql.lower_reduce import Ranked, ReduceLowering
+from ivm.sql.nest import NESTED, NestRefused, nest_join
 from ivm.sql.parse import DIALECT, ParsedView, position
 from ivm.sql.scope import (
     HIDDEN_PREFIX,
+    RESERVED_PREFIX,
     CatalogEntry,
     Relation,
     Scope,
@@ -69,6 +71,7 @@ from ivm.sql.subqueries import (
     decorrelate,
     decorrelate_select_list,
     lift_having,
+    nested_semis,
     scalar_operand,
     select_subqueries,
     semi_operand,
@@ -81,8 +84,6 @@ _SortKey = Callable[[exp.Expression], exp.Expression]
 
 RESERVED_COLUMNS = ("_time", "_diff")
 """Column names the engine uses for the time and diff of every update."""
-RESERVED_PREFIX = "_ivm_"
-"""Column names the engine's operators use for their own columns start with it."""
 
 # Clauses of a SELECT that this release does not maintain, with the name the user knows them by.
 _UNSUPPORTED_CLAUSES = {
@@ -118,6 +119,7 @@ class _Lowerer(ReduceLowering):
         self.internal = internal
         self.names_in_use = set(names_in_use)
         self._subqueries = 0  # subqueries made joins so far (numbers their aliases)
+        self._nested = 0  # joins nested into derived tables so far (numbers their aliases)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -197,6 +199,7 @@ class _Lowerer(ReduceLowering):
         s = self._select_list_decorrelated(s, ctes)
         s = self._anti_wrapped(s, ctes)
         s = self._anti_bounded(s, ctes)
+        s = self._outer_nested(s, ctes)
         node, scope = self.from_where(s, ctes)
         windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
         node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
@@ -389,7 +392,12 @@ class _Lowerer(ReduceLowering):
                 for c in predicates
             )
         )
-        if not scalars and not (semi_joins and any(semi_operand(c) is not None for c in conjuncts)):
+        nested = any(nested_semis(c) for c in conjuncts)
+        if (
+            not scalars
+            and not nested
+            and not (semi_joins and any(semi_operand(c) is not None for c in conjuncts))
+        ):
             return s
 
         first = self._subqueries + 1
@@ -459,6 +467,46 @@ class _Lowerer(ReduceLowering):
         ]
         kept = [c for c in conjuncts if c is not anti[0]]
         return wrap_join(s, relations, visible, kept, anti[0], self._inner_columns(ctes))
+
+    def _outer_nested(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with the inputs before an outer join of more than two inputs, or before an
+        inner join of an outer join's result, moved into a derived table (an internal view;
+        :func:`ivm.sql.nest.nest_join`), until every join is one :meth:`join` maintains."""
+        while _arg(s, "joins"):
+            from_ = _arg(s, "from")
+            assert isinstance(from_, exp.From)  # a SELECT with joins has a FROM
+            first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
+            # a probe: the labels and aliases it draws are drawn again when s is lowered
+            labels, subqueries = self._labels, self._subqueries
+            scope, joins = self.from_items(first, joins, ctes)
+            cut = self._nest_at(scope, joins)
+            self._labels, self._subqueries = labels, subqueries
+            if cut is None:
+                return s
+            relations = [(r.alias, r.qualifiers, r.node.columns) for r in scope.relations]
+            visible = scope.visible or [
+                (i, c) for i, r in enumerate(scope.relations) for c in r.node.columns
+            ]
+            self._nested += 1
+            try:
+                s = nest_join(s, first, joins, relations, visible, cut, f"{NESTED}{self._nested}")
+            except NestRefused as e:
+                raise self.error(e.message, e.at) from None
+        return s
+
+    def _nest_at(self, scope: Scope, joins: list[exp.Join]) -> int | None:
+        """The first input whose join :meth:`join` cannot fold into the inputs before it: a
+        keyed outer join after two inputs or more, or a keyed inner join of an outer join's
+        result; None if there is none. (A join whose condition is never true pads or
+        empties any number of inputs.)"""
+        outer = False
+        for i, j in enumerate(joins, 1):
+            side = str(j.args.get("side") or "").upper()
+            never = any(t in ("false", "null") for _, _, t in self._on_conjuncts(scope, j, i))
+            if not never and ((side and i >= 2) or (not side and outer)):
+                return i
+            outer = outer or bool(side)
+        return None
 
     def _anti_bounded(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` (one FROM item) with each NOT EXISTS correlated by a comparison other than
@@ -617,20 +665,21 @@ class _Lowerer(ReduceLowering):
         self._items = [first, *(j.this for j in joins)]  # where each input is written
         on = [[], *(self._on_conjuncts(scope, j, i) for i, j in enumerate(joins, 1))]
         fold = _Fold()
+        sides = [str(j.args.get("side") or "").upper() for j in joins]
+        if where is not None and any(sides):  # an outer join: WHERE filters its result
+            fold.where = [self.expression(c, scope, "WHERE") for c in split_conjuncts(where.this)]
+            if sides in (["LEFT"], ["RIGHT"]):
+                fold.preserved = 0 if sides == ["LEFT"] else 1
         for i in range(1, len(scope.relations)):
             self._fold_in(scope, fold, i, joins[i - 1], on[i])
         if fold.built is None:  # inner joins only: WHERE is part of the join
             if where is not None:
                 self._pool_where(scope, fold, where)
             return self._pool(scope, fold.members, fold.pool, fold.empty, joins[-1])
-        if where is not None:
-            # WHERE filters the outer join's result (padded NULLs included): never pushed.
-            return Filter(
-                fold.built,
-                exp.and_(
-                    *[self.expression(c, scope, "WHERE") for c in split_conjuncts(where.this)]
-                ),
-            )
+        if fold.where:
+            # WHERE filters the outer join's result (padded NULLs included); what reads only
+            # a LEFT/RIGHT join's preserved input filtered that input (_fold_in)
+            return Filter(fold.built, exp.and_(*fold.where))
         return fold.built
 
     def _on_conjuncts(self, scope: Scope, j: exp.Join, i: int) -> list[_Conjunct]:
@@ -666,7 +715,8 @@ class _Lowerer(ReduceLowering):
     def _fold_in(self, scope: Scope, fold: _Fold, i: int, j: exp.Join, on: list[_Conjunct]) -> None:
         """Join relation ``i`` (by ``j``, on the conjuncts ``on``) to what ``fold`` holds: an
         inner join joins the pool while no outer join is built; an outer join whose
-        condition is never true pads; a keyed outer join must be the only join."""
+        condition is never true pads; a keyed outer join must be the only join (a SELECT's
+        joins are nested so that it is: :meth:`_outer_nested`)."""
         side = str(j.args.get("side") or "").upper()
         never = any(t in ("false", "null") for _, _, t in on)
         live = [(o, c) for o, c, t in on if t != "true"]
@@ -683,8 +733,8 @@ class _Lowerer(ReduceLowering):
             if fold.keyed_outer is not None:
                 raise self._outer_with_more(fold.keyed_outer)
             raise self.unsupported(
-                f"{self._join_name(j)} of an outer join's result (define the outer join "
-                "as a view and join the view)",
+                f"{self._join_name(j)} of an outer join's result in an aliased parenthesized "
+                "join (write the joins without the parentheses)",
                 self._located(j.this, j),
             )
         if never:
@@ -696,7 +746,11 @@ class _Lowerer(ReduceLowering):
         if fold.built is not None or len(fold.members) > 1 or fold.empty:
             raise self._outer_with_more(fold.keyed_outer or j)
         preserve = {"LEFT": (0,), "RIGHT": (1,), "FULL": (0, 1)}[side]
-        fold.built = self.keyed_join(scope, [0, i], live, preserve, j)
+        # WHERE's conjuncts reading only the preserved input filter it (they commute: its
+        # rows are never padded); the rest filter the result
+        first = [c for c in fold.where if _owners(scope, c) == {fold.preserved}]
+        fold.where = [c for c in fold.where if not any(c is f for f in first)]
+        fold.built = self.keyed_join(scope, [0, i], live, preserve, j, first)
         fold.members.append(i)
         fold.keyed_outer = j
 
@@ -725,10 +779,12 @@ class _Lowerer(ReduceLowering):
         return self.keyed_join(scope, members, conjuncts, (), at)
 
     def _outer_with_more(self, j: exp.Join) -> SqlError:
-        """The error refusing outer join ``j`` in a join of more than two inputs."""
+        """The error refusing outer join ``j`` in a join of more than two inputs (only an
+        aliased parenthesized join is not nested)."""
         return self.unsupported(
             self._join_name(j)
-            + " with more than two inputs (define the inner part as a view and outer-join it)",
+            + " with more than two inputs in an aliased parenthesized join (write the joins "
+            "without the parentheses)",
             self._located(j.this, j),
         )
 
@@ -784,11 +840,13 @@ class _Lowerer(ReduceLowering):
         conjuncts: list[tuple[exp.Expression, exp.Expression]],
         preserve: tuple[int, ...],
         at: exp.Join,
+        filters: Sequence[exp.Expression] = (),
     ) -> Join:
         """A :class:`Join` of relations ``members`` (inner: any number, the first ones of
         the scope; outer: two) on ``conjuncts`` (``(as written, resolved)``): each becomes an
         input filter, a key equivalence or a residual, and every input must be connected by
-        keys (``at``: where a missing key is reported)."""
+        keys (``at``: where a missing key is reported). ``filters``: resolved conditions on
+        one input each (an outer join's preserved input), its filters."""
         decomposed = {m: self.decompose(scope.relations[m]) for m in members}
         subs: dict[int, dict[str, exp.Expression]] = {}
         for m, (_, _, outmap) in decomposed.items():
@@ -801,6 +859,9 @@ class _Lowerer(ReduceLowering):
         equalities, residual = self._place_conjuncts(
             scope, members, conjuncts, preserve, optional, pushed, subs
         )
+        for f in filters:
+            (m,) = _owners(scope, f)
+            pushed[m].append(_substitute(f, subs[m]))
         classes = self._one_key_per_input(
             _key_classes(equalities),
             members,
@@ -1140,6 +1201,11 @@ class _Lowerer(ReduceLowering):
                 label, alias = f"subquery at {line}:{col}", alias.replace(HIDDEN_PREFIX, "subquery")
             elif alias == JOINED:  # a join a NOT EXISTS/NOT IN filters (wrap_join)
                 label, alias = "the join filtered by NOT EXISTS/NOT IN", "join"
+            elif alias.startswith(NESTED):  # a join's first inputs (nest_join)
+                label, alias = (
+                    "the first inputs of a join of more than two with an outer join",
+                    "join",
+                )
             elif alias == GROUPED:  # groups HAVING compares with a subquery (lift_having)
                 label, alias = "the groups HAVING compares with a subquery", "groups"
             base = f"{self.view.name}__{alias}"
@@ -1200,7 +1266,11 @@ class _Lowerer(ReduceLowering):
     # -- expressions -----------------------------------------------------------------------
 
     def select_item(
-        self, item: exp.Expression, rel: Scope, *, need_names: bool = True
+        self,
+        item: exp.Expression,
+        rel: Scope,
+        *,
+        need_names: bool = True,
     ) -> list[tuple[str, exp.Expression]]:
         """The ``(name, expression)`` outputs of one item of an ungrouped SELECT list."""
         if isinstance(item, exp.Star) or (
@@ -1229,13 +1299,22 @@ class _Fold:
     """A FROM clause's joins folded left to right, so far: ``members``, the inputs joined;
     ``built``, their node once an outer join is built (None while every join is inner);
     until then ``pool``, the inner join's conjuncts not always true, and ``empty``, whether
-    one is never true. ``keyed_outer``: the outer join with keys, if one is built."""
+    one is never true. ``keyed_outer``: the outer join with keys, if one is built. With an
+    outer join: ``where``, WHERE's resolved conjuncts not yet placed; ``preserved``, the
+    input a LEFT/RIGHT join of two inputs preserves."""
 
     members: list[int] = field(default_factory=lambda: [0])
     pool: list[tuple[exp.Expression, exp.Expression]] = field(default_factory=list)
     empty: bool = False
     built: Node | None = None
     keyed_outer: exp.Join | None = None
+    where: list[exp.Expression] = field(default_factory=list)
+    preserved: int | None = None
+
+
+def _owners(scope: Scope, e: exp.Expression) -> set[int]:
+    """The relations resolved expression ``e`` reads."""
+    return {scope.owner(n) for n in referenced_columns(e)}
 
 
 def _key_classes(

@@ -26,6 +26,8 @@ from ivm.errors import SqlError
 from ivm.plan.ir import CollectionKind, Node
 from ivm.sql.parse import ParsedView, position, sql_error
 
+RESERVED_PREFIX = "_ivm_"
+"""Column names the engine's operators use for their own columns start with it."""
 HIDDEN_PREFIX = "_ivm_sq"
 """The aliases of the joins :mod:`ivm.sql.subqueries` adds: ``SELECT *`` leaves them out."""
 ONE = "__ivm_one"

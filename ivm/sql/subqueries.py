@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ivm.errors import IvmError
+from ivm.sql.nest import JoinColumns, Relations, own_columns
 from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate, split_conjuncts
 
 _FROM = "from_" if "from_" in exp.Select.arg_types else "from"
@@ -158,6 +159,9 @@ def decorrelate(
     for c in conjuncts:
         sub = scalar_operand(c)
         semi = semi_operand(c) if semi_joins and sub is None else None
+        if sub is None and semi is None and nested_semis(c):
+            c, added = _semis_tested(c, joins, inner_columns, number)
+            number += added
         if sub is None and semi is None:
             kept.append(c.copy())
             continue
@@ -181,6 +185,57 @@ def decorrelate(
     out.set("joins", joins)
     out.set("where", exp.Where(this=exp.and_(*kept)))
     return out, number - first_number
+
+
+def nested_semis(e: exp.Expression) -> list[exp.Expression]:
+    """The ``EXISTS``/``IN``/``NOT EXISTS`` subqueries under ``e``'s OR (and AND inside it):
+    ``EXISTS`` is never NULL, and an ``IN``'s NULL is as good as false there, since in WHERE
+    AND and OR alone never turn a NULL into true."""
+    if isinstance(e, exp.Paren):
+        return nested_semis(e.this)
+    if not isinstance(e, exp.Or):
+        return []
+
+    def leaves(n: exp.Expression) -> list[exp.Expression]:
+        if isinstance(n, (exp.Or, exp.And)):
+            return [*leaves(n.this), *leaves(n.expression)]
+        if isinstance(n, exp.Paren):
+            return leaves(n.this)
+        return [n] if semi_operand(n) is not None or _not_exists(n) else []
+
+    return leaves(e)
+
+
+def _not_exists(e: exp.Expression) -> bool:
+    found = subquery_predicate(e)
+    return found is not None and found[0] == "NOT EXISTS" and _select_of(found[1]) is not None
+
+
+def _semis_tested(
+    c: exp.Expression, joins: list[exp.Join], inner_columns: InnerColumns, first_number: int
+) -> tuple[exp.Expression, int]:
+    """``c`` with each ``EXISTS``/``IN`` under its OR (:func:`nested_semis`) a LEFT JOIN
+    with the subquery's distinct keys (added to ``joins``), tested by ``_k0 IS NOT NULL``
+    (``_v`` for an uncorrelated IN; ``IS NULL`` for NOT EXISTS): a row matches at most one
+    such key, so none is doubled. Also how many joins were added."""
+    out = c.copy()
+    for number, leaf in enumerate(nested_semis(out), first_number):
+        alias = f"{HIDDEN_PREFIX}{number}"
+        negated = _not_exists(leaf)
+        q, probe = semi_operand(leaf.this if negated else leaf)
+        derived, keys, bound = _distinct(q, probe, inner_columns(q), leaf)
+        if bound is not None:
+            raise _refuse("an EXISTS correlated by a comparison other than = inside OR", leaf)
+        on = _key_equalities(alias, keys)
+        if probe is not None:
+            on.append(exp.EQ(this=exp.column("_v", table=alias), expression=probe.copy()))
+        table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+        joins.append(exp.Join(this=table, side="LEFT", on=exp.and_(*on)))
+        unmatched = exp.Is(
+            this=exp.column("_k0" if keys else "_v", table=alias), expression=exp.null()
+        )
+        leaf.replace(unmatched if negated else exp.Not(this=unmatched))
+    return out, len(nested_semis(c))
 
 
 def _distinct(
@@ -256,18 +311,14 @@ def decorrelate_select_list(
 ) -> tuple[exp.Select, int]:
     """``select`` with each scalar subquery of its SELECT list made a LEFT JOIN with the
     subquery grouped by its correlation (an outer row without a group reads the subquery's
-    value over no rows: NULL, or 0 for a COUNT), ``_ivm_sq<first_number>``; also how many
-    (one). The SELECT must read one FROM item, not group, and hold one such subquery (an
-    outer join of more inputs is not maintained).
+    value over no rows: NULL, or 0 for a COUNT), ``_ivm_sq<first_number>``, ... after its
+    FROM items; also how many. The SELECT must not group. (The lowerer nests a LEFT JOIN
+    after other joins: :mod:`ivm.sql.nest`.)
 
     Raises:
         SubqueryRefused: a subquery the rewrite cannot take.
     """
     subs = select_subqueries(select)
-    if len(subs) > 1:
-        raise _refuse("several scalar subqueries in one SELECT list", subs[1])
-    if select.args.get("joins"):
-        raise _refuse("a scalar subquery in the SELECT list of a join", subs[0])
     if select.args.get("group") or any(
         is_aggregate(n)
         for item in select.expressions
@@ -290,7 +341,7 @@ def decorrelate_select_list(
         table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         on = exp.and_(*_key_equalities(alias, keys))
         joins.append(exp.Join(this=table, side="LEFT", on=on))
-    out.set("joins", joins)
+    out.set("joins", [*(out.args.get("joins") or []), *joins])
     return out, len(subs)
 
 
@@ -417,7 +468,7 @@ def _correlation(
     outer_keys: list[exp.Expression] = []
     bound: Bound | None = None
     for c in split_conjuncts(where.this) if where is not None else []:
-        outer = [col for col in _own_columns(c) if not _is_inner(col, qualifiers, columns)]
+        outer = [col for col in own_columns(c) if not _is_inner(col, qualifiers, columns)]
         if not outer:
             local.append(c)
             continue
@@ -453,21 +504,8 @@ def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
     return col.name.lower() in columns
 
 
-def _own_columns(e: exp.Expression) -> list[exp.Column]:
-    """The columns ``e`` reads in its own scope: not those of subqueries nested in it (their
-    own decorrelation resolves them)."""
-    out, pending = [], [e]
-    while pending:
-        n = pending.pop()
-        if isinstance(n, exp.Column):
-            out.append(n)
-        elif not isinstance(n, (exp.Subquery, exp.Select)) or n is e:
-            pending.extend(n.iter_expressions())
-    return out
-
-
 def _reads_only(e: exp.Expression, qualifiers: set[str], columns: set[str], *, inner: bool) -> bool:
-    cols = _own_columns(e)
+    cols = own_columns(e)
     return bool(cols) and all(_is_inner(c, qualifiers, columns) == inner for c in cols)
 
 
@@ -509,83 +547,6 @@ JOINED = "_ivm_j"
 """The alias of a join a NOT EXISTS/NOT IN is moved out of (:func:`wrap_join`)."""
 
 
-Relations = Sequence[tuple[str, frozenset[str], tuple[str, ...]]]
-"""Each FROM item's alias, qualifiers and columns, in FROM order."""
-
-
-class _JoinColumns:
-    """The columns of a join moved into ``_ivm_j``, by their names there (``a__x``), and
-    which of them the query reads."""
-
-    def __init__(self, relations: Relations, visible: Sequence[tuple[int, str]]) -> None:
-        self.relations, self.visible = relations, visible
-        self.used: set[str] = set()
-
-    def name(self, i: int, c: str) -> str:
-        self.used.add(f"{self.relations[i][0]}__{c}")
-        return f"{self.relations[i][0]}__{c}"
-
-    def resolve(self, col: exp.Column) -> exp.Column | None:
-        """``_ivm_j.a__x`` for a column of the join (``a.x``, or ``x`` if one input has it)."""
-        name = col.name.lower()
-        if col.table:
-            found = [i for i, r in enumerate(self.relations) if col.table.lower() in r[1]]
-        else:
-            found = [i for i, c in self.visible if c == name]
-        if len(found) == 1 and name in self.relations[found[0]][2]:
-            return exp.column(self.name(found[0], name), table=JOINED)
-        return None
-
-    def rewritten(self, e: exp.Expression) -> exp.Expression:
-        """A copy of ``e`` reading the join's columns from ``_ivm_j``."""
-        if isinstance(e, exp.Column):
-            return self.resolve(e) or e.copy()
-        out = e.copy()
-        for col in _own_columns(out):
-            new = self.resolve(col)
-            if new is not None:
-                col.replace(new)
-        return out
-
-    def items(self, select: exp.Select) -> list[exp.Expression]:
-        """The SELECT list over ``_ivm_j``, each output keeping its name (``*`` expanded)."""
-        items: list[exp.Expression] = []
-        for item in select.expressions:
-            star = isinstance(item, exp.Star) or (
-                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-            )
-            if star:
-                q = item.table.lower() if isinstance(item, exp.Column) and item.table else None
-                items += [
-                    exp.column(self.name(i, c), table=JOINED).as_(c)
-                    for i, c in self.visible
-                    if (q is None and not self.relations[i][0].startswith(HIDDEN_PREFIX))
-                    or (q is not None and q in self.relations[i][1])
-                ]
-            elif isinstance(item, exp.Column):
-                items.append(self.rewritten(item).as_(item.name))
-            else:
-                items.append(self.rewritten(item))
-        return items
-
-    def derived(self, select: exp.Select, kept: Sequence[exp.Expression]) -> exp.Subquery:
-        """``(SELECT a.x AS a__x, ... FROM <the join> WHERE kept) AS _ivm_j`` of the columns
-        read (one if none: it keeps the rows' count)."""
-        chosen = [
-            (i, c)
-            for i, r in enumerate(self.relations)
-            for c in r[2]
-            if f"{r[0]}__{c}" in self.used
-        ] or [(0, self.relations[0][2][0])]
-        named = [(self.relations[i][0], c) for i, c in chosen]
-        inner = exp.select(*(exp.column(c, table=a).as_(f"{a}__{c}") for a, c in named))
-        inner.set(_FROM, select.args[_FROM].copy())
-        inner.set("joins", [j.copy() for j in select.args.get("joins") or []])
-        if kept:
-            inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in kept))))
-        return exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(JOINED)))
-
-
 def wrap_join(
     select: exp.Select,
     relations: Relations,
@@ -603,7 +564,7 @@ def wrap_join(
         visible: the ``(relation, column)`` pairs ``*`` shows, in order.
         kept: WHERE's other conjuncts; anti: the NOT EXISTS/NOT IN conjunct.
     """
-    join = _JoinColumns(relations, visible)
+    join = JoinColumns(relations, visible, JOINED)
     out = select.copy()
     out.set("expressions", join.items(select))
     for key in ("group", "having", "order", "qualify"):
@@ -612,7 +573,7 @@ def wrap_join(
     qualifiers, columns = inner_columns(_subquery_of(anti))
     moved = anti.copy()
     for nested in [n for n in moved.walk() if isinstance(n, exp.Select)][:1]:
-        for col in _own_columns(nested):  # the subquery's references to the join
+        for col in own_columns(nested):  # the subquery's references to the join
             new = None if _is_inner(col, qualifiers, columns) else join.resolve(col)
             if new is not None:
                 col.replace(new)
@@ -620,7 +581,10 @@ def wrap_join(
         moved.this.this.replace(join.rewritten(moved.this.this))
     out.set("where", exp.Where(this=moved))
     out.set("joins", None)
-    out.set(_FROM, exp.From(this=join.derived(select, kept)))
+    out.set(
+        _FROM,
+        exp.From(this=join.derived(select.args[_FROM].this, select.args.get("joins") or [], kept)),
+    )
     return out
 
 

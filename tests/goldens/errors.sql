@@ -6,9 +6,9 @@ SELECT o_orderkey, o_nope FROM orders
 CREATE VIEW v AS SELECT x.o_orderkey FROM orders o
 -- case: unknown table
 CREATE VIEW v AS SELECT * FROM ordrs
--- case: outer join of three inputs
+-- case: outer join of three inputs in an aliased parenthesized join
 CREATE VIEW v AS
-SELECT o_orderkey FROM orders o LEFT JOIN customer c ON o.o_custkey = c.c_custkey JOIN customer d ON d.c_custkey = o.o_custkey
+SELECT o_orderkey FROM (orders o LEFT JOIN customer c ON o.o_custkey = c.c_custkey LEFT JOIN customer d ON d.c_custkey = o.o_custkey) AS t
 -- case: outer join condition on the preserved side
 CREATE VIEW v AS SELECT o_orderkey FROM orders LEFT JOIN customer ON o_custkey = c_custkey AND o_totalprice > 10
 -- case: outer join non-equi condition
@@ -94,5 +94,5 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT co
 CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
 -- case: reserved column prefix
 CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
--- case: two scalar subqueries in the select list
-CREATE VIEW v AS SELECT (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS a, (SELECT min(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS b FROM customer c
+-- case: a scalar subquery in the select list of a grouped query
+CREATE VIEW v AS SELECT c_name, count(*) AS n, (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS a FROM customer c GROUP BY c_name, c_custkey
