@@ -24,6 +24,7 @@ from ivm.plan.ir import (
     SetOp,
     TopK,
     UnionAll,
+    Window,
 )
 from ivm.plan.join import plan_paths
 from ivm.plan.planner import ProjectPlan, ViewPlan
@@ -34,6 +35,7 @@ from ivm.plan.reduce import (
     branches,
     presum_grain,
     state_tables,
+    window_branch,
 )
 from ivm.policy import Policy
 from ivm.sql.parse import DIALECT
@@ -207,8 +209,29 @@ def _stateful_lines(node: Reduce | SetOp | TopK, depth: int) -> list[str]:
     return lines
 
 
+def _window_lines(node: Window, depth: int) -> list[str]:
+    pad = "  " * depth
+    by = (
+        f"partitions by ({', '.join(_pretty(k) for k in node.keys)})"
+        if node.keys
+        else ("one partition (no key every call partitions by): every change recomputes it whole")
+    )
+    lines = [pad + f"Window {node.label} {by}"]
+    for w in node.calls:
+        ties = "; ties ordered by the other columns" if w.ordered else ""
+        lines.append(pad + f"  {_pretty(w.over.sql(dialect=DIALECT))} AS {w.name}{ties}")
+    (table,) = window_branch(node).tables
+    lines.append(
+        pad + f"  state {table.name}: {table.holds}; a change recomputes the partitions it "
+        "touches, at old and new"
+    )
+    return lines + _node_lines(node.input, depth + 1)
+
+
 def _node_lines(node: Node, depth: int) -> list[str]:
     pad = "  " * depth
+    if isinstance(node, Window):
+        return _window_lines(node, depth)
     if isinstance(node, (Reduce, SetOp, TopK)):
         return _stateful_lines(node, depth)
     if isinstance(node, Join):

@@ -19,6 +19,7 @@ The stateful nodes are not linear; each keeps state of its own (see :mod:`ivm.pl
 - ``Reduce``: GROUP BY with aggregates (and SELECT DISTINCT, UNION: a reduce without any).
 - ``SetOp``: INTERSECT / EXCEPT [ALL]: per-row counts of both sides and a threshold.
 - ``TopK``: ``ORDER BY ... LIMIT k`` and ``ROW_NUMBER() OVER (PARTITION BY ...) <= k``.
+- ``Window``: window functions, each row with its values over its partition.
 
 Expressions are sqlglot expressions whose column references are unqualified input column names.
 """
@@ -467,8 +468,118 @@ class TopK:
         return (self.input,)
 
 
-Node = Get | Filter | Project | UnionAll | Join | SemiJoin | Reduce | SetOp | TopK
-STATEFUL = (Reduce, SetOp, TopK)
+TIE_SENSITIVE = (
+    exp.RowNumber,
+    exp.Ntile,
+    exp.Lag,
+    exp.Lead,
+    exp.FirstValue,
+    exp.LastValue,
+    exp.NthValue,
+)
+"""Window functions whose value depends on the order among rows that tie in ORDER BY."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCall:
+    """One window function of a :class:`Window`: ``over`` is the call as written (an
+    ``exp.Window``), its columns the input's; its value is the output column ``name``.
+
+    Rows that tie in its ORDER BY are ordered by the input's other columns where the value
+    depends on that order (:data:`TIE_SENSITIVE`, and ROWS frames): the result is then one
+    function of the partition's multiset, recomputed alike at every time (two rows tied on
+    every column are equal, so their order changes nothing). A frame over the whole
+    partition is computed in that order too, so floating-point sums add up alike.
+    """
+
+    name: str
+    over: exp.Window
+
+    @property
+    def reads(self) -> set[str]:
+        return referenced_columns(self.over)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether its rows' order is fixed by the input's other columns (see above)."""
+        spec = self.over.args.get("spec")
+        rows = spec is not None and str(spec.args.get("kind") or "").upper() == "ROWS"
+        order = self.over.args.get("order")
+        whole = order is None or not order.expressions
+        return whole or rows or isinstance(window_function(self.over), TIE_SENSITIVE)
+
+    def sql(self, others: tuple[str, ...]) -> exp.Window:
+        """The call to evaluate, ``others`` (the input's columns not in it) appended to its
+        ORDER BY where :attr:`ordered` (a whole-partition frame then made explicit)."""
+        if not self.ordered:
+            return self.over
+        out = self.over.copy()
+        order = out.args.get("order")
+        items = list(order.expressions) if order is not None else []
+        if not items and out.args.get("spec") is None:  # still the whole partition
+            out.set(
+                "spec",
+                exp.WindowSpec(
+                    kind="ROWS",
+                    start="UNBOUNDED",
+                    start_side="PRECEDING",
+                    end="UNBOUNDED",
+                    end_side="FOLLOWING",
+                ),
+            )
+        there = {o.this.name for o in items if isinstance(o.this, exp.Column)}
+        items += [
+            exp.Ordered(this=exp.column(c), nulls_first=True) for c in others if c not in there
+        ]
+        if items:
+            out.set("order", exp.Order(expressions=items))
+        return out
+
+
+def window_function(w: exp.Window) -> exp.Expression:
+    """The function a window calls (under IGNORE/RESPECT NULLS)."""
+    f = w.this
+    while isinstance(f, (exp.IgnoreNulls, exp.RespectNulls)):
+        f = f.this
+    return f
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Window functions: each input row with its calls' values (``calls``' names appended).
+
+    Not linear: a change to one row can change every value of its partition. Maintained by
+    recomputing the partitions a change touches from the input's rows kept by ``keys``
+    (state: :mod:`ivm.plan.reduce`), at the old and the new time; ``keys`` are the columns
+    every call partitions by (none: one partition, recomputed whole on every change).
+    """
+
+    input: Node
+    keys: tuple[str, ...]
+    calls: tuple[WindowCall, ...]
+    label: str
+
+    def __post_init__(self) -> None:
+        _check_unique(self.columns, "Window")
+        missing = (set(self.keys) | {c for w in self.calls for c in w.reads}) - set(
+            self.input.columns
+        )
+        if missing:
+            raise InvariantViolation(f"Window reads unknown columns {sorted(missing)}")
+        if not self.calls:
+            raise InvariantViolation("a Window needs a call")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.input.columns + tuple(w.name for w in self.calls)
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.input,)
+
+
+Node = Get | Filter | Project | UnionAll | Join | SemiJoin | Reduce | SetOp | TopK | Window
+STATEFUL = (Reduce, SetOp, TopK, Window)
 
 
 def walk(node: Node) -> list[Node]:
@@ -540,8 +651,13 @@ def column_lineage(node: Node) -> dict[str, frozenset[Origin]]:
         for a in node.aggregates:
             out[a.name] = frozenset().union(*(below[c] for c in sorted(a.reads)))
         return out
-    below = column_lineage(node.input)  # TopK
-    out = dict(below)
+    below = column_lineage(node.input)
+    if isinstance(node, Window):
+        out = dict(below)
+        for w in node.calls:
+            out[w.name] = frozenset().union(*(below[c] for c in sorted(w.reads)))
+        return out
+    out = dict(below)  # TopK
     if node.rank is not None:
         ranked = {*node.partition, *(o[0] for o in node.order)}
         out[node.rank] = frozenset().union(*(below[c] for c in sorted(ranked)))
@@ -590,6 +706,11 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
         return replace(node, left=demand(node.left), right=demand(node.right))
     if isinstance(node, TopK):  # the rows are the output; keep them whole
         return replace(node, input=demand(node.input))
+    if isinstance(node, Window):  # the calls wanted, and the columns they and others read
+        calls = tuple(w for w in node.calls if w.name in want) or node.calls[:1]
+        reads = (want | set(node.keys)).union(*(w.reads for w in calls))
+        child = demand(node.input, tuple(c for c in node.input.columns if c in reads))
+        return replace(node, input=child, calls=calls)
     # UnionAll: positional, so every branch keeps the same positions.
     positions = [i for i, c in enumerate(node.columns) if c in want]
     branches = []
@@ -649,7 +770,7 @@ def simplify(node: Node) -> Node:
         return UnionAll(tuple(simplify(b) for b in node.branches))
     if isinstance(node, (Join, SemiJoin)):
         return node
-    if isinstance(node, (Reduce, TopK)):
+    if isinstance(node, (Reduce, TopK, Window)):
         return replace(node, input=simplify(node.input))
     if isinstance(node, SetOp):
         return replace(node, left=simplify(node.left), right=simplify(node.right))

@@ -24,6 +24,8 @@ Owns the decisions of DESIGN section 4 and seed 000:
   reductions"); the buffer reads the touched groups' first rows only. Over a stateful
   input (an aggregate) the tower stays: that input cannot be evaluated from scratch.
 - ``SetOp`` and DISTINCT keep per-row counts (accumulable) and threshold them.
+- A ``Window`` keeps its input's rows with their counts by its partition keys; a change
+  recomputes the partitions it touches from them, at the old and the new time.
 
 Contract in ``(data, time, diff)`` terms: each state table is a log of updates ``(key..., values,
 _time, _diff)`` (accumulable: ``(key..., sums..., _time)`` whose sums add up), readable at any
@@ -48,6 +50,7 @@ from ivm.plan.ir import (
     SetOp,
     TopK,
     UnionAll,
+    Window,
     walk,
 )
 
@@ -63,7 +66,9 @@ GLOBAL_KEY = "_g"
 DEFAULT_TOPK_SPARE = 64
 """Rows a buffered TopK keeps per group beyond ``k`` (at least ``k``) unless hinted."""
 
-BranchKind = Literal["accumulable", "hierarchical", "basic", "threshold", "topk", "buffer"]
+BranchKind = Literal[
+    "accumulable", "hierarchical", "basic", "threshold", "topk", "buffer", "window"
+]
 
 
 def tower_levels(group_size: int | None) -> int:
@@ -178,7 +183,9 @@ def _tower_tables(prefix: str, keys: tuple[str, ...], levels: int, what: str) ->
     for level in range(1, levels + 1):
         span = 16**levels // 16**level
         holds = f"{what} of each of {span} bucket(s) per group" if span > 1 else f"{what} per group"
-        tables.append(StateTable(f"{prefix}.l{level}", (*keys, "_p", "_b"), holds, hash=BUCKET_HASH))
+        tables.append(
+            StateTable(f"{prefix}.l{level}", (*keys, "_p", "_b"), holds, hash=BUCKET_HASH)
+        )
     return tuple(tables)
 
 
@@ -316,7 +323,7 @@ def topk_spare(node: TopK) -> int:
 def stateless(node: Node) -> bool:
     """Whether ``node`` keeps no state: it can be evaluated from its inputs' snapshots."""
     return not any(
-        isinstance(n, (Reduce, SetOp, TopK)) or (isinstance(n, SemiJoin) and n.null_aware)
+        isinstance(n, (Reduce, SetOp, TopK, Window)) or (isinstance(n, SemiJoin) and n.null_aware)
         for n in walk(node)
     )
 
@@ -349,6 +356,22 @@ def topk_branch(node: TopK) -> Branch:
     )
 
 
+def window_branch(node: Window) -> Branch:
+    """A Window's one branch: its input's rows (with counts) by the partition keys."""
+    return Branch(
+        "window",
+        "partitions",
+        node.keys,
+        tables=(
+            StateTable(
+                f"{node.label}.window",
+                node.keys or (GLOBAL_KEY,),
+                "the input's rows (counts) by partition",
+            ),
+        ),
+    )
+
+
 def branches(node: Node) -> tuple[Branch, ...]:
     """The branches of any stateful node (empty for the stateless ones)."""
     if isinstance(node, Reduce):
@@ -357,6 +380,8 @@ def branches(node: Node) -> tuple[Branch, ...]:
         return (setop_branch(node),)
     if isinstance(node, TopK):
         return (topk_branch(node),)
+    if isinstance(node, Window):
+        return (window_branch(node),)
     return ()
 
 

@@ -42,6 +42,7 @@ from ivm.plan.ir import (
     SetOp,
     TopK,
     UnionAll,
+    Window,
     _substitute,
     collections,
     demand,
@@ -49,7 +50,7 @@ from ivm.plan.ir import (
     simplify,
     walk,
 )
-from ivm.sql.lower_reduce import Ranked, ReduceLowering
+from ivm.sql.lower_reduce import Ranked, ReduceLowering, rank_bound
 from ivm.sql.nest import NESTED, NestRefused, nest_join
 from ivm.sql.parse import DIALECT, ParsedView, position
 from ivm.sql.scope import (
@@ -78,6 +79,7 @@ from ivm.sql.subqueries import (
     subquery_predicate,
     wrap_join,
 )
+from ivm.sql.windows import WindowRefused, lift_grouped, placed, window_calls
 
 _SortKey = Callable[[exp.Expression], exp.Expression]
 """Rewrites an ORDER BY expression over the FROM scope into one over a SELECT's input."""
@@ -195,6 +197,12 @@ class _Lowerer(ReduceLowering):
             raise self.unsupported(e.construct, e.at) from None
         if lifted is not None:
             return self.select(lifted, ctes, need_names=need_names)
+        try:
+            lifted = lift_grouped(s)
+        except WindowRefused as e:
+            raise self.unsupported(e.construct, e.at) from None
+        if lifted is not None:
+            return self.select(lifted, ctes, need_names=need_names)
         s = self._decorrelated(s, ctes)
         s = self._select_list_decorrelated(s, ctes)
         s = self._anti_wrapped(s, ctes)
@@ -202,12 +210,19 @@ class _Lowerer(ReduceLowering):
         s = self._outer_nested(s, ctes)
         node, scope = self.from_where(s, ctes)
         windows = [i for i in s.expressions if isinstance(_unalias(i), exp.Window)]
-        node, outputs, sort_key = self.select_list(s, node, scope, windows, need_names=need_names)
+        general = self._general_windows(s, windows)
+        if general:  # every window call a column of a Window node (ivm.sql.windows)
+            windows = []
+        node, outputs, sort_key = self.select_list(
+            s, node, scope, windows, need_names=need_names, general=general
+        )
         if not need_names:  # positional branch: any unique names do
             outputs = [(f"_c{i}", e) for i, (_, e) in enumerate(outputs)]
         self._check_output_names(s, scope, windows, outputs)
         visible = tuple(n for n, _ in outputs)
-        result = self.ranking(s, Project(node, tuple(outputs)), scope, windows, visible)
+        result: Node | Ranked = Project(node, tuple(outputs))
+        if not general:
+            result = self.ranking(s, result, scope, windows, visible)
         if isinstance(result, Ranked):
             return result
         if _arg(s, "distinct"):
@@ -260,8 +275,10 @@ class _Lowerer(ReduceLowering):
         windows: list[exp.Expression],
         *,
         need_names: bool,
+        general: bool = False,
     ) -> tuple[Node, list[tuple[str, exp.Expression]], _SortKey | None]:
-        """The SELECT list's ``(name, expression)`` outputs (window items left out) and the
+        """The SELECT list's ``(name, expression)`` outputs (window items left out, unless
+        ``general``: then every window call is a column of a Window over ``node``) and the
         node they read: ``node``, or a grouped query's reduce over it; with how an ORDER BY
         expression becomes one over that node."""
         aggregated = bool(_arg(s, "group") or _arg(s, "having")) or any(
@@ -270,16 +287,46 @@ class _Lowerer(ReduceLowering):
             for n in i.walk(prune=lambda n: isinstance(n, (exp.Window, exp.Subquery)))
         )
         if aggregated:
-            if windows:
-                raise self.unsupported("a window function in a grouped query", windows[0])
+            calls = window_calls(s)
+            if calls:
+                raise self.unsupported("a window function in a grouped query", calls[0])
             grouped, sort_key = self.grouped(s, node, scope, need_names=need_names)
             return grouped.input, list(grouped.outputs), sort_key
         outputs: list[tuple[str, exp.Expression]] = []
+        item_over: Callable[[exp.Expression], exp.Expression] = lambda item: item  # noqa: E731
+        window_columns: frozenset[str] = frozenset()
+        if general:
+            node, item_over, window_columns = self.window_node(s, node, scope)
         for item in s.expressions:
             if item in windows:
                 continue
-            outputs.extend(self.select_item(item, scope, need_names=need_names))
+            outputs.extend(
+                self.select_item(
+                    item_over(item), scope, need_names=need_names, placed=window_columns
+                )
+            )
         return node, outputs, lambda e: self.expression(e, scope, "ORDER BY")
+
+    def _general_windows(self, s: exp.Select, windows: list[exp.Expression]) -> bool:
+        """Whether the SELECT's window calls are a Window's (:mod:`ivm.sql.windows`): any
+        but one ``ROW_NUMBER()`` that is a SELECT item or inside QUALIFY, bounded there if
+        QUALIFY is present (a ranking: a TopK once bounded, :meth:`ranking`)."""
+        calls = window_calls(s)
+        if not calls:
+            return False
+        (call, *more) = calls
+        if more or not isinstance(call.this, exp.RowNumber) or call.args.get("spec"):
+            return True
+        qualify = _arg(s, "qualify")
+        if qualify is None:
+            return not windows
+        rank = windows[0].alias.lower() if windows and isinstance(windows[0], exp.Alias) else None
+        condition = qualify.this
+        if not windows:
+            rank = "_rank"
+            condition = placed(condition, [rank])
+        conjuncts = split_conjuncts(condition)
+        return rank is None or len(conjuncts) != 1 or rank_bound(conjuncts[0], rank) is None
 
     def _check_output_names(
         self,
@@ -1271,8 +1318,10 @@ class _Lowerer(ReduceLowering):
         rel: Scope,
         *,
         need_names: bool = True,
+        placed: frozenset[str] = frozenset(),
     ) -> list[tuple[str, exp.Expression]]:
-        """The ``(name, expression)`` outputs of one item of an ungrouped SELECT list."""
+        """The ``(name, expression)`` outputs of one item of an ungrouped SELECT list
+        (``placed``: window calls' columns it may read, see ``expression``)."""
         if isinstance(item, exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
         ):
@@ -1283,12 +1332,12 @@ class _Lowerer(ReduceLowering):
             return [(name, exp.column(plan)) for name, plan in rel.star(qualifier) or []]
         if isinstance(item, exp.Alias):
             name = item.alias.lower()
-            return [(name, self.expression(item.this, rel, "SELECT"))]
+            return [(name, self.expression(item.this, rel, "SELECT", placed=placed))]
         if isinstance(item, exp.Column):
-            resolved = self.expression(item, rel, "SELECT")
+            resolved = self.expression(item, rel, "SELECT", placed=placed)
             return [(item.name.lower(), resolved)]
         if not need_names:
-            return [("_c", self.expression(item, rel, "SELECT"))]
+            return [("_c", self.expression(item, rel, "SELECT", placed=placed))]
         raise self.error(
             f"expression {item.sql(dialect='spark')!r} needs a column name: add AS name", item
         )
@@ -1529,7 +1578,7 @@ def _without_void_branches(node: Node) -> Node:
         return Filter(_without_void_branches(node.input), node.predicate)
     if isinstance(node, Project):
         return Project(_without_void_branches(node.input), node.outputs)
-    if isinstance(node, (Reduce, TopK)):
+    if isinstance(node, (Reduce, TopK, Window)):
         return replace(node, input=_without_void_branches(node.input))
     if isinstance(node, SetOp):
         return replace(

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field, replace
 from sqlglot import exp
 
 from ivm.errors import InvariantViolation
-from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK
-from ivm.sql.scope import ANONYMOUS_AGGREGATES, LoweringContext, Scope, is_aggregate
+from ivm.plan.ir import Aggregate, Filter, Node, Project, Reduce, SetOp, TopK, Window, WindowCall
+from ivm.sql.scope import ANONYMOUS_AGGREGATES, Scope, is_aggregate
+from ivm.sql.windows import WindowLowering
 
 _AGG_CLASSES: dict[str, str] = {
     "Count": "count",
@@ -128,7 +129,7 @@ class Ranked:
         return self.visible + (self.rank,)
 
 
-class ReduceLowering(LoweringContext):
+class ReduceLowering(WindowLowering):
     """The lowerer's methods for the stateful constructs; :mod:`ivm.sql.lower` extends it."""
 
     # -- GROUP BY -------------------------------------------------------------------------
@@ -570,16 +571,31 @@ class ReduceLowering(LoweringContext):
         return Project(node.input, node.outputs + tuple(hidden)), partition, order
 
     def plain(self, node: Node | Ranked) -> Node:
-        """``node``, unless it is a ranking nobody bounded (then the view is rejected)."""
-        if isinstance(node, Ranked):
-            self.rank_filter(node, [])  # raises: no rank bound
-        assert not isinstance(node, Ranked)
-        return node
+        """``node``; a ranking nobody bounded as its rows numbered (:meth:`numbered`)."""
+        return self.numbered(node) if isinstance(node, Ranked) else node
+
+    def numbered(self, ranked: Ranked) -> Node:
+        """An unbounded ``ROW_NUMBER()``: every row numbered, a :class:`Window` (a change
+        renumbers its partition)."""
+        over = exp.Window(
+            this=exp.RowNumber(),
+            partition_by=[exp.column(p) for p in ranked.partition],
+            order=exp.Order(
+                expressions=[
+                    exp.Ordered(this=exp.column(c), desc=d, nulls_first=nf)
+                    for c, d, nf in ranked.order
+                ]
+            ),
+        )
+        calls = (WindowCall(ranked.rank, over),)
+        window = Window(ranked.input, ranked.partition, calls, self.label())
+        return Project(window, tuple((c, exp.column(c)) for c in ranked.columns))
 
     def rank_filter(
         self, ranked: Ranked, conjuncts: list[exp.Expression]
     ) -> tuple[Node, list[exp.Expression]]:
-        """Turn ``rank <= k`` (or ``< k``, ``= 1``) among ``conjuncts`` into a TopK.
+        """Turn ``rank <= k`` (or ``< k``, ``= 1``) among ``conjuncts`` into a TopK; without
+        one, every row numbered (:meth:`numbered`).
 
         Returns:
             the TopK (projected to the visible columns and the rank), and the other conjuncts.
@@ -587,18 +603,13 @@ class ReduceLowering(LoweringContext):
         limit = None
         rest = []
         for c in conjuncts:
-            k = _rank_bound(c, ranked.rank)
+            k = rank_bound(c, ranked.rank)
             if k is not None and limit is None:
                 limit = k
             else:
                 rest.append(c)
         if limit is None:
-            raise self.error(
-                f"ROW_NUMBER() AS {ranked.rank} needs a filter like {ranked.rank} <= k in the "
-                "query that reads it (an unbounded ranking cannot be maintained)",
-                ranked.at,
-                construct="ROW_NUMBER() without rank filter",
-            )
+            return self.numbered(ranked), rest
         if limit < 1:
             raise self.error(f"{ranked.rank} filter keeps no rows", conjuncts[0])
         top = TopK(
@@ -626,7 +637,7 @@ def _filtered(call: _Call, where: exp.Expression) -> _Call:
     return replace(call, arg=arg, order=order)
 
 
-def _rank_bound(c: exp.Expression, rank: str) -> int | None:
+def rank_bound(c: exp.Expression, rank: str) -> int | None:
     """``k`` when ``c`` says ``rank <= k`` (``rank < k+1``, ``rank = 1``, ``k >= rank``)."""
     while isinstance(c, exp.Paren):
         c = c.this

@@ -261,16 +261,30 @@ class LoweringContext:
             )
 
     def expression(
-        self, e: exp.Expression, rel: Scope, clause: str, *, aggregates: bool = False
+        self,
+        e: exp.Expression,
+        rel: Scope,
+        clause: str,
+        *,
+        aggregates: bool = False,
+        placed: frozenset[str] = frozenset(),
     ) -> exp.Expression:
         """Validate ``e`` and return it with columns resolved to unqualified input names.
 
         Args:
             aggregates: aggregate calls are allowed (SELECT and HAVING of a grouped query).
+            placed: plan names an unqualified column may hold already (a window call's
+                value, :mod:`ivm.sql.windows`): kept as they are.
         """
         for node in e.walk():
             self._refuse_in_expression(node, clause, aggregates)
-        return e.copy().transform(lambda node: self._resolved(node, rel))
+
+        def resolved(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.Column) and not node.table and node.name in placed:
+                return node
+            return self._resolved(node, rel)
+
+        return e.copy().transform(resolved)
 
     def _refuse_in_expression(self, node: exp.Expression, clause: str, aggregates: bool) -> None:
         """Raise for a node no expression of ``clause`` may hold."""

@@ -52,9 +52,11 @@ from pyspark import cloudpickle
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from sqlglot import exp as sqlexp
 
 from ivm.errors import InvariantViolation, UnsupportedSqlError
-from ivm.plan.ir import Aggregate, Node, Reduce, SetOp, TopK
+from ivm.plan.ir import Aggregate, Node, Reduce, SetOp, TopK, window_function
+from ivm.plan.ir import Window as WindowNode
 from ivm.plan.reduce import (
     FANOUT_BITS,
     GLOBAL_KEY,
@@ -68,6 +70,7 @@ from ivm.plan.reduce import (
 from ivm.policy import current
 from ops import DIFF, TIME, decimals
 from ops.consolidate import consolidate
+from ops.expressions import spark_sql
 from ops.reduce import accumulable, floatsum
 from ops.reduce.accumulate import accumulate_on_driver, distinct_on_driver
 from ops.reduce.buffer import refresh_on_driver
@@ -1350,8 +1353,64 @@ def render_topk(node: TopK, delta: DataFrame, store: StateStore) -> DataFrame:
     return _numbered_change(node, states, read_key, order, stamp)
 
 
-def render_stateful(node: Reduce | SetOp | TopK, children: list[DataFrame], store: StateStore):
+_FLOAT_SUMMED = (sqlexp.Sum, sqlexp.Avg, sqlexp.Stddev, sqlexp.StddevSamp, sqlexp.StddevPop)
+_FLOAT_SUMMED += (sqlexp.Variance, sqlexp.VariancePop)
+
+
+def render_window(node: WindowNode, delta: DataFrame, store: StateStore) -> DataFrame:
+    """Window functions from the input's updates: the touched partitions' rows with their
+    calls' values at ``old`` (``-1``) and at ``new`` (``+1``), consolidated, so rows whose
+    values did not change cancel out. The partitions are read from the state table (the
+    input's rows by partition key), which takes the change first."""
+    (branch,) = branches(node)
+    (table,) = branch.tables
+    keys = list(node.keys) or [GLOBAL_KEY]
+    data = list(node.input.columns)
+    cols = list(dict.fromkeys([*keys, *data]))
+    stamp = F.lit(store.new).cast("bigint")
+    frame = delta if node.keys else _with_global_key(delta)
+    change = consolidate(frame.select(*[_c(c) for c in cols], DIFF).withColumn(TIME, stamp), cols)
+    change = materialize(change)
+    store.write(table, change)
+    rows = store.read(table, keys, change.select(*[_c(k) for k in keys]).distinct(), store.new)
+    _check_float_order(node, delta)
+    calls = [F.expr(spark_sql(w.sql(tuple(data)))).alias(w.name) for w in node.calls]
+    results = []
+    for at, sign in ((store.old, -1), (store.new, 1)):
+        state = consolidate(rows.where(_c(TIME) <= at), cols, by_time=False).where(_c(DIFF) > 0)
+        # one row per copy: the calls see the multiset
+        copies = state.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
+        results.append(
+            copies.select(*[_c(c) for c in data], *calls, F.lit(sign).cast("bigint").alias(DIFF))
+        )
+    both = results[0].unionByName(results[1]).withColumn(TIME, stamp)
+    return consolidate(both, list(node.columns)).select(*[_c(c) for c in node.columns], TIME, DIFF)
+
+
+def _check_float_order(node: WindowNode, delta: DataFrame) -> None:
+    """Refuse a floating-point sum over a RANGE frame with ORDER BY: rows tied in ORDER BY
+    are added in an order Spark does not fix, so its value could differ between the old
+    result recomputed and the one the view holds."""
+    for w in node.calls:
+        f = window_function(w.over)
+        if w.ordered or not isinstance(f, _FLOAT_SUMMED):
+            continue
+        dt = delta.select(F.expr(spark_sql(f.this))).schema[0].dataType
+        if isinstance(dt, (T.FloatType, T.DoubleType)):
+            raise UnsupportedSqlError(
+                f"{f.sql_name()} of a floating-point value over a RANGE frame "
+                f"({w.over.sql(dialect='spark')}): rows tied in ORDER BY would be added in an "
+                "order Spark does not fix; write ROWS BETWEEN ... or cast it to DECIMAL",
+                construct="floating-point window sum over a RANGE frame",
+            )
+
+
+def render_stateful(
+    node: Reduce | SetOp | TopK | WindowNode, children: list[DataFrame], store: StateStore
+):
     """Dispatch a stateful node to its renderer (``children``: its inputs' updates)."""
+    if isinstance(node, WindowNode):
+        return render_window(node, children[0], store)
     if isinstance(node, Reduce):
         return render_reduce(node, children[0], store)
     if isinstance(node, SetOp):

@@ -33,10 +33,12 @@ CREATE VIEW v AS SELECT o_custkey, first(o_totalprice) AS f FROM orders GROUP BY
 CREATE VIEW v AS SELECT count(DISTINCT o_custkey, o_totalprice) AS n FROM orders
 -- case: limit without order by
 CREATE VIEW v AS SELECT o_orderkey FROM orders LIMIT 10
--- case: row_number without a rank filter
-CREATE VIEW v AS SELECT o_orderkey, row_number() OVER (ORDER BY o_totalprice) AS rn FROM orders
--- case: rank window function
-CREATE VIEW v AS SELECT * FROM (SELECT o_orderkey, rank() OVER (ORDER BY o_totalprice) AS rn FROM orders) WHERE rn <= 3
+-- case: last_value over the default frame
+CREATE VIEW v AS SELECT o_orderkey, last_value(o_custkey) OVER (ORDER BY o_totalprice) AS lv FROM orders
+-- case: a window function not maintained
+CREATE VIEW v AS SELECT o_orderkey, collect_list(o_custkey) OVER (PARTITION BY o_custkey) AS l FROM orders
+-- case: a grouped query with window calls ordered by an aggregate
+CREATE VIEW v AS SELECT o_custkey, count(*) AS n, rank() OVER (ORDER BY count(*)) AS r FROM orders GROUP BY o_custkey ORDER BY sum(o_totalprice) LIMIT 3
 -- case: order by an unselected expression after distinct
 CREATE VIEW v AS SELECT DISTINCT o_custkey FROM orders ORDER BY o_totalprice LIMIT 3
 -- case: bad group size hint
