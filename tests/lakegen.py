@@ -2,7 +2,8 @@
 
 Each batch mixes inserts (including exact duplicates of existing rows), deletes and updates,
 so views see retractions, multiplicities above one and NULLs. Also: which Parquet writer made
-a table's files (:func:`parquet_writers`).
+a table's files (:func:`parquet_writers`), and the check every view of such a lake must pass
+after each batch (:func:`check_both_oracles`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
+from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
+
 BATCHES_ENV = "IVM_TEST_BATCHES"
 """How many random batches the oracle tests run at most (by default each test's bound: the
 suite's time); ``IVM_TEST_BATCHES=6 ./dev test`` runs each through up to six."""
+
+
+def check_both_oracles(engine) -> None:
+    """Every view of ``engine`` equals DuckDB's result (project views) and Spark's from
+    scratch (all, internal ones too) at its epoch, and its diff log sums to its table."""
+    for c in [*compare_views(engine), *spark_compare_views(engine)]:
+        assert c.equal, c.describe()
+        assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
 
 
 def batches(n: int, bound: int = 2) -> int:

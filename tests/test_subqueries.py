@@ -23,10 +23,10 @@ from assets.views import VIEWS_OP, build_assets
 from dagster_project.definitions import build_definitions
 from dagster_project.jobs import REFRESH_JOB
 from engine.facade import Engine
-from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
+from engine.oracle import compare_views, spark_compare_views
 from ivm.config import load_project
 from ivm.policy import Policy
-from tests.lakegen import JoinLake, batches
+from tests.lakegen import JoinLake, batches, check_both_oracles
 
 VIEWS = {
     "above_customer_average": """
@@ -130,12 +130,6 @@ VIEWS = {
 }
 
 
-def check(engine: Engine) -> None:
-    for c in [*compare_views(engine), *spark_compare_views(engine)]:
-        assert c.equal, c.describe()
-        assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
-
-
 @pytest.mark.spark
 def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by
@@ -149,7 +143,7 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
     # EXISTS/NOT EXISTS correlated by <>, < or > (their value spans)
     assert len(internal) == 18, internal
     assert engine.refresh().ok
-    check(engine)
+    check_both_oracles(engine)
     for path in ["driver", "spark"] * batches(4, bound=1):
         use_policy(Policy.spark_only() if path == "spark" else default)
         lake.random_batch()
@@ -158,7 +152,7 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
         assert {v.view for v in report.views} == set(engine.plan.order)
         if path == "spark":
             assert {v.computed_by for v in report.views} == {"spark"}
-        check(engine)
+        check_both_oracles(engine)
 
 
 @pytest.mark.spark

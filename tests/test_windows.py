@@ -17,14 +17,13 @@ from deltalake import write_deltalake
 
 from assets.views import build_assets
 from engine.facade import Engine
-from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
 from ivm.config import load_project
 from ivm.errors import SqlError
 from ivm.plan.explain import explain
 from ivm.plan.ir import Window, walk
 from ivm.plan.planner import plan_views
 from ivm.sql.parse import parse_view
-from tests.lakegen import JoinLake, batches
+from tests.lakegen import JoinLake, batches, check_both_oracles
 
 VIEWS = {
     "order_ranks": """
@@ -169,24 +168,18 @@ def test_window_columns_have_lineage_in_dagster(make_project, tmp_path) -> None:
     assert {d.column_name for d in lineage["o_id"]} == {"o_id"}
 
 
-def check(engine: Engine) -> None:
-    for c in [*compare_views(engine), *spark_compare_views(engine)]:
-        assert c.equal, c.describe()
-        assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
-
-
 @pytest.mark.spark
 def test_window_views_match_both_oracles(spark, make_project, tmp_path):
     lake = JoinLake(tmp_path / "data", seed=41)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     assert engine.refresh().ok
-    check(engine)
+    check_both_oracles(engine)
     for _ in range(batches(4)):
         lake.random_batch()
         report = engine.refresh()
         assert report.ok, [(v.view, v.error) for v in report.views if v.error]
         assert {v.computed_by for v in report.views} <= {"spark", "mixed"}  # windows: Spark
-        check(engine)
+        check_both_oracles(engine)
 
 
 @pytest.mark.spark

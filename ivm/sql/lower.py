@@ -191,18 +191,13 @@ class _Lowerer(ReduceLowering):
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
-        try:
-            lifted = lift_having(s)
-        except SubqueryRefused as e:
-            raise self.unsupported(e.construct, e.at) from None
-        if lifted is not None:
-            return self.select(lifted, ctes, need_names=need_names)
-        try:
-            lifted = lift_grouped(s)
-        except WindowRefused as e:
-            raise self.unsupported(e.construct, e.at) from None
-        if lifted is not None:
-            return self.select(lifted, ctes, need_names=need_names)
+        for lift in (lift_having, lift_grouped):  # a grouped query as a derived table
+            try:
+                lifted = lift(s)
+            except (SubqueryRefused, WindowRefused) as e:
+                raise self.unsupported(e.construct, e.at) from None
+            if lifted is not None:
+                return self.select(lifted, ctes, need_names=need_names)
         s = self._decorrelated(s, ctes)
         s = self._select_list_decorrelated(s, ctes)
         s = self._anti_wrapped(s, ctes)

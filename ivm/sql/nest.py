@@ -237,6 +237,10 @@ def nest_join(
         moved = j.copy()
         if rewritten:
             moved.set("on", exp.and_(*rewritten))
+        if isinstance(moved.this, exp.Subquery) and not moved.this.alias:
+            # its name stays (``_subquery2`` would otherwise be renumbered)
+            name = exp.TableAlias(this=exp.to_identifier(relations[cut + k][0]))
+            moved.this.set("alias", name)
         suffix.append(moved)
     out = select.copy()
     out.set("expressions", jc.items(select))
