@@ -73,6 +73,7 @@ from ivm.sql.subqueries import (
     decorrelate_select_list,
     lift_having,
     nested_semis,
+    not_exists_joined,
     scalar_operand,
     select_subqueries,
     semi_operand,
@@ -485,9 +486,10 @@ class _Lowerer(ReduceLowering):
     def _anti_wrapped(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with a join filtered by ``NOT EXISTS``/``NOT IN`` made one FROM item
         (:func:`ivm.sql.subqueries.wrap_join`), so the anti-join filters it as it filters a
-        table; ``s`` itself otherwise."""
+        table; with several, each NOT EXISTS first made a LEFT JOIN (one NOT IN may remain);
+        ``s`` itself otherwise."""
         where = s.args.get("where")
-        if not _arg(s, "joins") or not isinstance(where, exp.Where):
+        if not isinstance(where, exp.Where):
             return s
         conjuncts = split_conjuncts(where.this)
         anti = [
@@ -495,10 +497,22 @@ class _Lowerer(ReduceLowering):
             for c in conjuncts
             if (p := subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
         ]
-        if not anti:
+        if len(anti) > 1:  # each NOT EXISTS a LEFT JOIN (:func:`not_exists_joined`)
+            exists = [c for c in anti if subquery_predicate(c)[0] == "NOT EXISTS"]
+            if len(anti) - len(exists) > 1:
+                not_in = [c for c in anti if not any(c is e for e in exists)]
+                raise self.unsupported("more than one NOT IN over a join", not_in[1])
+            try:
+                s, added = not_exists_joined(
+                    s, conjuncts, exists, self._inner_columns(ctes), self._subqueries + 1
+                )
+            except SubqueryRefused as e:
+                raise self.unsupported(e.construct, e.at) from None
+            self._subqueries += added
+            conjuncts = split_conjuncts(s.args["where"].this)
+            anti = [c for c in conjuncts if (p := subquery_predicate(c)) and p[0] == "NOT IN"]
+        if not anti or not _arg(s, "joins"):  # one FROM item: a semi-join filters it
             return s
-        if len(anti) > 1:
-            raise self.unsupported("more than one NOT EXISTS/NOT IN over a join", anti[1])
         from_ = _arg(s, "from")
         assert isinstance(from_, exp.From)  # a SELECT with joins has a FROM
         first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))

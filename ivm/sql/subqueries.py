@@ -168,7 +168,7 @@ def decorrelate(
         alias = f"{HIDDEN_PREFIX}{number}"
         number += 1
         if sub is not None:
-            derived, keys, _ = _grouped(sub, inner_columns(sub.this), global_ok=True)
+            derived, keys, _ = _grouped(sub, inner_columns(sub.this))
             if not keys:  # uncorrelated: every outer row carries the key 1
                 keys = [exp.column(ONE, table=_wrap_for_constant(out))]
             kept.append(_with_value(c, exp.column("_v", table=alias)))
@@ -211,21 +211,57 @@ def _not_exists(e: exp.Expression) -> bool:
     return found is not None and found[0] == "NOT EXISTS" and _select_of(found[1]) is not None
 
 
+def not_exists_joined(
+    select: exp.Select,
+    conjuncts: Sequence[exp.Expression],
+    targets: Sequence[exp.Expression],
+    inner_columns: InnerColumns,
+    first_number: int,
+) -> tuple[exp.Select, int]:
+    """``select`` (whose WHERE is ``conjuncts``) with each ``NOT EXISTS`` of ``targets``
+    made a LEFT JOIN with the subquery's distinct keys, its rows kept where none matches
+    (:func:`_semis_tested`): any number of them over a join. Also how many were added."""
+    out = select.copy()
+    joins = list(out.args.get("joins") or [])
+    kept: list[exp.Expression] = []
+    number = first_number
+    for c in conjuncts:
+        if any(c is t for t in targets):
+            tested, added = _semis_tested(c, joins, inner_columns, number, whole=True)
+            number += added
+            kept.append(tested)
+        else:
+            kept.append(c.copy())
+    out.set("joins", joins)
+    out.set("where", exp.Where(this=exp.and_(*kept)))
+    return out, number - first_number
+
+
 def _semis_tested(
-    c: exp.Expression, joins: list[exp.Join], inner_columns: InnerColumns, first_number: int
+    c: exp.Expression,
+    joins: list[exp.Join],
+    inner_columns: InnerColumns,
+    first_number: int,
+    *,
+    whole: bool = False,
 ) -> tuple[exp.Expression, int]:
-    """``c`` with each ``EXISTS``/``IN`` under its OR (:func:`nested_semis`) a LEFT JOIN
-    with the subquery's distinct keys (added to ``joins``), tested by ``_k0 IS NOT NULL``
-    (``_v`` for an uncorrelated IN; ``IS NULL`` for NOT EXISTS): a row matches at most one
-    such key, so none is doubled. Also how many joins were added."""
+    """``c`` with each ``EXISTS``/``IN`` under its OR (:func:`nested_semis`; ``whole``: ``c``
+    itself) a LEFT JOIN with the subquery's distinct keys (added to ``joins``), tested by
+    ``_k0 IS NOT NULL`` (``_v`` for an uncorrelated IN; ``IS NULL`` for NOT EXISTS): a row
+    matches at most one such key, so none is doubled. Also how many joins were added."""
     out = c.copy()
-    for number, leaf in enumerate(nested_semis(out), first_number):
+    leaves = [out] if whole else nested_semis(out)
+    for number, leaf in enumerate(leaves, first_number):
         alias = f"{HIDDEN_PREFIX}{number}"
         negated = _not_exists(leaf)
         q, probe = semi_operand(leaf.this if negated else leaf)
         derived, keys, bound = _distinct(q, probe, inner_columns(q), leaf)
         if bound is not None:
-            raise _refuse("an EXISTS correlated by a comparison other than = inside OR", leaf)
+            raise _refuse(
+                "an EXISTS correlated by a comparison other than = inside OR, or beside "
+                "another NOT EXISTS over a join",
+                leaf,
+            )
         on = _key_equalities(alias, keys)
         if probe is not None:
             on.append(exp.EQ(this=exp.column("_v", table=alias), expression=probe.copy()))
@@ -234,8 +270,11 @@ def _semis_tested(
         unmatched = exp.Is(
             this=exp.column("_k0" if keys else "_v", table=alias), expression=exp.null()
         )
-        leaf.replace(unmatched if negated else exp.Not(this=unmatched))
-    return out, len(nested_semis(c))
+        tested = unmatched if negated else exp.Not(this=unmatched)
+        if leaf is out:
+            return tested, 1
+        leaf.replace(tested)
+    return out, len(leaves)
 
 
 def _distinct(
@@ -331,6 +370,8 @@ def decorrelate_select_list(
     for number, (sub, copy) in enumerate(zip(subs, copies, strict=True), first_number):
         alias = f"{HIDDEN_PREFIX}{number}"
         derived, keys, count = _grouped(sub, inner_columns(sub.this), counted=True)
+        if not keys:  # uncorrelated: one row, which every outer row carries the key of
+            keys = [exp.column(ONE, table=_wrap_for_constant(out))]
         value = exp.column("_v", table=alias)
         if count:  # 0 without a match; nullable, as Spark types a scalar subquery
             unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
@@ -350,12 +391,11 @@ def _grouped(
     inner: tuple[set[str], set[str]],
     *,
     counted: bool = False,
-    global_ok: bool = False,
 ) -> tuple[exp.Select, list[exp.Expression], bool]:
     """The subquery grouped by its correlation keys (selecting ``_k<i>`` and ``_v``), the
     outer expression each key equals, and whether its value over no rows is 0 (a bare
     ``COUNT``, taken only when ``counted``: in a LEFT JOIN it reads ``coalesce(_v, 0)``).
-    Uncorrelated (``global_ok``): its one row with ``_k0 = 1``, and no outer expression."""
+    Uncorrelated: its one row with ``_k0 = 1``, and no outer expression."""
     q: exp.Select = sub.this
     for key, construct in (
         ("group", "GROUP BY"),
@@ -380,8 +420,6 @@ def _grouped(
             "an outer row without matching rows would compare with it)",
             sub,
         )
-    if not inner_keys and not global_ok:
-        raise _refuse("an uncorrelated scalar subquery in the SELECT list", sub)
     # Uncorrelated: one row (an aggregate without GROUP BY has one even over no rows), keyed
     # by the constant every outer row carries in ONE (wrap_for_constant).
     keys = [k.copy() for k in inner_keys] or [exp.Literal.number(1)]

@@ -54,8 +54,10 @@ CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_name = o.o_orderkey)
 -- case: uncorrelated exists
 CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_name = 'x')
--- case: subquery in select list
-CREATE VIEW v AS SELECT o_orderkey, (SELECT max(c_custkey) FROM customer) AS m FROM orders
+-- case: subquery in select list that does not aggregate
+CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
+-- case: two NOT IN over a join
+CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
 -- case: non-equi correlation
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey)
 -- case: nondeterministic
