@@ -111,15 +111,19 @@ def lift_grouped(s: exp.Select) -> exp.Select | None:
         return None
     hidden: list[exp.Expression] = []
 
-    def lifted(e: exp.Expression) -> exp.Expression:
-        """``e`` over the groups: its aggregates and bare columns as ``__w<n>``."""
+    outputs = {i.alias_or_name.lower() for i in s.expressions if isinstance(i, exp.Alias)}
+
+    def lifted(e: exp.Expression, aliases: frozenset[str] = frozenset()) -> exp.Expression:
+        """``e`` over the groups: its aggregates and bare columns as ``__w<n>`` (but the
+        SELECT list's ``aliases`` it names)."""
 
         def one(n: exp.Expression) -> exp.Expression:
             hidden.append(n.copy().as_(f"__w{len(hidden)}"))
             return exp.column(f"__w{len(hidden) - 1}", table=GROUPS)
 
         def walk(n: exp.Expression, own: exp.Expression | None) -> exp.Expression:
-            if n is not own and (is_aggregate(n) or isinstance(n, exp.Column)):
+            named = isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases
+            if n is not own and not named and (is_aggregate(n) or isinstance(n, exp.Column)):
                 return one(n)
             if isinstance(n, exp.Window):  # its function stays; what it reads is lifted
                 own = window_function(n)
@@ -146,7 +150,7 @@ def lift_grouped(s: exp.Select) -> exp.Select | None:
             raise WindowRefused("a window call without a name (add AS name)", item)
         outer_items.append(lifted(item.this).as_(item.alias))
     qualify = s.args.get("qualify")
-    outer_qualify = lifted(qualify.this) if qualify is not None else None
+    outer_qualify = lifted(qualify.this, frozenset(outputs)) if qualify is not None else None
     order = s.args.get("order")
     if order is not None and any(is_aggregate(n) for n in order.walk()):
         raise WindowRefused("ORDER BY an aggregate in a grouped query with window calls", order)

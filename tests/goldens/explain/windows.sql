@@ -9,4 +9,6 @@ SELECT k, a FROM t QUALIFY dense_rank() OVER (PARTITION BY k ORDER BY a) <= 2;
 CREATE VIEW numbered AS
 SELECT k, a, row_number() OVER (ORDER BY a, k) AS n FROM t;
 CREATE VIEW group_rank AS
-SELECT k, sum(a) AS s, rank() OVER (ORDER BY sum(a) DESC) AS r FROM t GROUP BY k
+SELECT k, sum(a) AS s, rank() OVER (ORDER BY sum(a) DESC) AS r FROM t GROUP BY k;
+CREATE VIEW top_groups AS
+SELECT k, sum(b) AS s, rank() OVER (ORDER BY sum(b) DESC) AS r FROM t GROUP BY k QUALIFY r <= 3 AND s > 0
