@@ -69,15 +69,19 @@ from ivm.sql.subqueries import (
     SubqueryRefused,
     anti_bounded,
     bounded_exists,
+    correlated_not_in,
     decorrelate,
     decorrelate_select_list,
     lift_having,
     nested_semis,
     not_exists_joined,
+    not_in_joined,
     scalar_operand,
     select_subqueries,
     semi_operand,
+    shadowed,
     subquery_predicate,
+    uncorrelated_exists,
     wrap_join,
 )
 from ivm.sql.windows import WindowRefused, lift_grouped, placed, window_calls
@@ -430,6 +434,7 @@ class _Lowerer(ReduceLowering):
             bool(_arg(s, "joins"))
             or len(predicates) > 1
             or scalars
+            or any(uncorrelated_exists(c, self._inner_columns(ctes)) for c in predicates)
             or any(
                 not isinstance(c, exp.Not) and bounded_exists(c, self._inner_columns(ctes))
                 for c in predicates
@@ -492,12 +497,21 @@ class _Lowerer(ReduceLowering):
         if not isinstance(where, exp.Where):
             return s
         conjuncts = split_conjuncts(where.this)
+        inner_columns = self._inner_columns(ctes)
+        try:
+            if any(correlated_not_in(c, inner_columns) for c in conjuncts):
+                s, added = not_in_joined(s, conjuncts, inner_columns, self._subqueries + 1)
+                self._subqueries += added
+                conjuncts = split_conjuncts(s.args["where"].this)
+        except SubqueryRefused as e:
+            raise self.unsupported(e.construct, e.at) from None
         anti = [
             c
             for c in conjuncts
             if (p := subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
         ]
-        if len(anti) > 1:  # each NOT EXISTS a LEFT JOIN (:func:`not_exists_joined`)
+        if len(anti) > 1 or any(uncorrelated_exists(c, inner_columns) for c in anti):
+            # each NOT EXISTS a LEFT JOIN (:func:`not_exists_joined`)
             exists = [c for c in anti if subquery_predicate(c)[0] == "NOT EXISTS"]
             if len(anti) - len(exists) > 1:
                 not_in = [c for c in anti if not any(c is e for e in exists)]
@@ -1070,11 +1084,13 @@ class _Lowerer(ReduceLowering):
         kind, query, probe = subquery_predicate(predicate)
         select, item = self._subquery_select(kind, query, predicate)
         inner = self.relation(item, ctes)
-        if inner.qualifiers & outer.qualifiers:
-            raise self.error(
-                f"the subquery's table has the outer query's name {inner.alias!r}: alias one",
-                item,
+        if inner.qualifiers & outer.qualifiers:  # the inner name shadows the outer one
+            alias = next(
+                a for n in range(1, 100) if (a := f"{inner.alias}_in{n}") not in outer.qualifiers
             )
+            select = shadowed(select, set(inner.qualifiers), alias)
+            item = _arg(select, "from").this
+            inner = self.relation(item, ctes)
         pair = Scope((outer, inner))
         keys, inner_filters = self._correlation(select, pair, kind)
         if probe is not None:

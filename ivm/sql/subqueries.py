@@ -8,7 +8,9 @@ Owns the rewrites and their conditions:
   becomes a join with the subquery grouped by its keys, ``... JOIN (SELECT t.k AS _k0, 0.2 *
   avg(q) AS _v FROM t WHERE t.f = 1 GROUP BY t.k) AS _ivm_sq1 WHERE x < _ivm_sq1._v AND
   _ivm_sq1._k0 = o.k``: the same multiset, since an outer row without a group would compare
-  with NULL (the aggregate of no rows; COUNT is refused), which WHERE drops as the join does.
+  with NULL (the aggregate of no rows), which WHERE drops as the join does. A subquery whose
+  value over no rows is not NULL (``COUNT``, ``coalesce(sum(x), 0)``) is a LEFT JOIN whose
+  unmatched rows compare with that value (:func:`_over_no_rows`).
   An uncorrelated one joins on a constant the outer rows carry (:func:`_wrap_for_constant`).
   ``EXISTS``/``IN`` become joins with the subquery's distinct keys (:func:`_distinct`), or,
   correlated by one other comparison too, with its value span per key (:class:`Bound`).
@@ -51,7 +53,7 @@ _NULL_PROPAGATING = (
     exp.Cast,
     exp.Literal,
 )
-_EMPTY_NOT_NULL = (exp.Count,)
+_EMPTY_NOT_NULL = (exp.Count, exp.CountIf, exp.ArrayAgg, exp.ApproxDistinct)
 """Aggregates whose value over no rows is not NULL (``COUNT`` is 0)."""
 
 
@@ -160,7 +162,7 @@ def decorrelate(
         sub = scalar_operand(c)
         semi = semi_operand(c) if semi_joins and sub is None else None
         if sub is None and semi is None and nested_semis(c):
-            c, added = _semis_tested(c, joins, inner_columns, number)
+            c, added = _semis_tested(c, out, joins, inner_columns, number)
             number += added
         if sub is None and semi is None:
             kept.append(c.copy())
@@ -168,13 +170,22 @@ def decorrelate(
         alias = f"{HIDDEN_PREFIX}{number}"
         number += 1
         if sub is not None:
-            derived, keys, _ = _grouped(sub, inner_columns(sub.this))
+            derived, keys, empty = _grouped(sub, inner_columns(sub.this))
             if not keys:  # uncorrelated: every outer row carries the key 1
                 keys = [exp.column(ONE, table=_wrap_for_constant(out))]
-            kept.append(_with_value(c, exp.column("_v", table=alias)))
+            kept.append(_with_value(c, _unmatched_reads(alias, empty)))
+            if empty is not None:  # a row without a group compares with ``empty``: kept
+                table = exp.Subquery(
+                    this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias))
+                )
+                on = exp.and_(*_key_equalities(alias, keys))
+                joins.append(exp.Join(this=table, side="LEFT", on=on))
+                continue
         else:
             q, probe = semi
             derived, keys, bound = _distinct(q, probe, inner_columns(q), c)
+            if not keys and probe is None:  # uncorrelated EXISTS: every outer row carries 1
+                keys = [exp.column(ONE, table=_wrap_for_constant(out))]
             if probe is not None:
                 kept.append(exp.EQ(this=exp.column("_v", table=alias), expression=probe.copy()))
             if bound is not None:
@@ -211,6 +222,104 @@ def _not_exists(e: exp.Expression) -> bool:
     return found is not None and found[0] == "NOT EXISTS" and _select_of(found[1]) is not None
 
 
+def shadowed(select: exp.Select, qualifiers: set[str], alias: str) -> exp.Select:
+    """A subquery whose one FROM item has the outer query's name, with that item aliased
+    ``alias`` and the columns qualified by the name qualified by ``alias``: SQL resolves a
+    name in the innermost scope, so inside the subquery it is the subquery's own table."""
+    out = select.copy()
+    out.args[_FROM].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    for col in own_columns(out):
+        if col.table and col.table.lower() in qualifiers:
+            col.set("table", exp.to_identifier(alias))
+    return out
+
+
+def correlated_not_in(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
+    """Whether ``conjunct`` is ``x NOT IN (q)`` with ``q`` correlated (by equalities)."""
+    found = subquery_predicate(conjunct)
+    q = _select_of(found[1]) if found is not None and found[0] == "NOT IN" else None
+    if q is None or any(q.args.get(k) for k in ("group", "having", "limit", "distinct")):
+        return False
+    return bool(_correlation(q, inner_columns(q), "a NOT IN subquery")[2])
+
+
+def not_in_joined(
+    select: exp.Select,
+    conjuncts: Sequence[exp.Expression],
+    inner_columns: InnerColumns,
+    first_number: int,
+) -> tuple[exp.Select, int]:
+    """``select`` (whose WHERE is ``conjuncts``) with each correlated ``x NOT IN (SELECT y
+    FROM t WHERE t.k = o.k ...)`` (:func:`correlated_not_in`) made two LEFT JOINs: per key,
+    its rows' count and NULL ``y`` count (``_ivm_sq<n>``), and its distinct non-NULL ``y``
+    (``_ivm_sq<n+1>``, joined on ``_v = x`` too). NOT IN is true over no rows, and else
+    only when ``x`` is not NULL, no ``y`` is NULL and none equals ``x`` (SQL's rules, per
+    outer row): ``stats._k0 IS NULL OR (x IS NOT NULL AND stats._nulls = 0 AND
+    match._k0 IS NULL)``. Also how many joins were added."""
+    out = select.copy()
+    joins = list(out.args.get("joins") or [])
+    kept: list[exp.Expression] = []
+    number = first_number
+    for c in conjuncts:
+        if not correlated_not_in(c, inner_columns):
+            kept.append(c.copy())
+            continue
+        _, query, probe = subquery_predicate(c)
+        q = _select_of(query)
+        if len(q.expressions) != 1:
+            raise _refuse("a NOT IN subquery selecting several columns", c)
+        local, inner_keys, outer_keys, _ = _correlation(q, inner_columns(q), "a NOT IN subquery")
+        value = q.expressions[0]
+        value = value.this if isinstance(value, exp.Alias) else value
+        keys = [k.copy().as_(f"_k{i}") for i, k in enumerate(inner_keys)]
+        stats = exp.select(
+            *keys,
+            exp.Count(this=exp.Star()).as_("_n"),
+            exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=value.copy())).as_(
+                "_nulls"
+            ),
+        )
+        _read_as(stats, q, local)
+        stats.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
+        present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.null()))
+        matches = exp.select(*(k.copy() for k in keys), value.copy().as_("_v")).distinct()
+        _read_as(matches, q, [*local, present])
+        a, b = f"{HIDDEN_PREFIX}{number}", f"{HIDDEN_PREFIX}{number + 1}"
+        number += 2
+        for alias, derived, on in (
+            (a, stats, _key_equalities(a, outer_keys)),
+            (
+                b,
+                matches,
+                [*_key_equalities(b, outer_keys), exp.column("_v", table=b).eq(probe.copy())],
+            ),
+        ):
+            table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+            joins.append(exp.Join(this=table, side="LEFT", on=exp.and_(*on)))
+        unmatched = exp.Is(this=exp.column("_k0", table=a), expression=exp.null())
+        known = exp.Not(this=exp.Is(this=probe.copy(), expression=exp.null()))
+        no_nulls = exp.column("_nulls", table=a).eq(0)
+        no_match = exp.Is(this=exp.column("_k0", table=b), expression=exp.null())
+        kept.append(exp.Paren(this=exp.or_(unmatched, exp.and_(known, no_nulls, no_match))))
+    out.set("joins", joins)
+    out.set("where", exp.Where(this=exp.and_(*kept)))
+    return out, number - first_number
+
+
+def uncorrelated_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
+    """Whether ``conjunct`` is ``[NOT] EXISTS (q)`` with ``q`` uncorrelated (true or false
+    for every row alike: joined on a constant, :func:`_distinct`)."""
+    found = subquery_predicate(conjunct)
+    q = _select_of(found[1]) if found is not None and "EXISTS" in found[0] else None
+    if q is None:
+        return False
+    try:
+        _, keys, _, bound = _correlation(q, inner_columns(q), "", bounded=True)
+    except SubqueryRefused:  # correlated otherwise: its own rewrite refuses it by name
+        return False
+    return not keys and bound is None
+
+
 def not_exists_joined(
     select: exp.Select,
     conjuncts: Sequence[exp.Expression],
@@ -227,7 +336,7 @@ def not_exists_joined(
     number = first_number
     for c in conjuncts:
         if any(c is t for t in targets):
-            tested, added = _semis_tested(c, joins, inner_columns, number, whole=True)
+            tested, added = _semis_tested(c, out, joins, inner_columns, number, whole=True)
             number += added
             kept.append(tested)
         else:
@@ -239,6 +348,7 @@ def not_exists_joined(
 
 def _semis_tested(
     c: exp.Expression,
+    outer: exp.Select,
     joins: list[exp.Join],
     inner_columns: InnerColumns,
     first_number: int,
@@ -256,6 +366,8 @@ def _semis_tested(
         negated = _not_exists(leaf)
         q, probe = semi_operand(leaf.this if negated else leaf)
         derived, keys, bound = _distinct(q, probe, inner_columns(q), leaf)
+        if not keys and probe is None:  # uncorrelated: joined on the constant of ``outer``
+            keys = [exp.column(ONE, table=_wrap_for_constant(outer))]
         if bound is not None:
             raise _refuse(
                 "an EXISTS correlated by a comparison other than = inside OR, or beside "
@@ -302,8 +414,13 @@ def _distinct(
         return _spans(q, local, inner_keys, bound), outer_keys, bound
     if grouped and inner_keys:
         raise _refuse(f"{what} with GROUP BY, HAVING, LIMIT or DISTINCT and correlated", at)
-    if probe is None and not inner_keys:
-        raise _refuse("an uncorrelated EXISTS subquery (true or false for every row)", at)
+    if probe is None and not inner_keys:  # one row when q has any: joined on a constant
+        one = q.copy()
+        one.set("expressions", [exp.Literal.number(1).as_("_k0")])
+        if not grouped:
+            return one.distinct(), [], None
+        whole = exp.Subquery(this=one, alias=exp.TableAlias(this=exp.to_identifier("_s")))
+        return exp.select(exp.column("_k0")).distinct().from_(whole), [], None
     outputs = [k.copy().as_(f"_k{i}") for i, k in enumerate(inner_keys)]
     if grouped:  # uncorrelated: the distinct values of the whole subquery's result
         value = q.expressions[0]
@@ -369,16 +486,10 @@ def decorrelate_select_list(
     joins = []
     for number, (sub, copy) in enumerate(zip(subs, copies, strict=True), first_number):
         alias = f"{HIDDEN_PREFIX}{number}"
-        derived, keys, count = _grouped(sub, inner_columns(sub.this), counted=True)
+        derived, keys, empty = _grouped(sub, inner_columns(sub.this))
         if not keys:  # uncorrelated: one row, which every outer row carries the key of
             keys = [exp.column(ONE, table=_wrap_for_constant(out))]
-        value = exp.column("_v", table=alias)
-        if count:  # 0 without a match; nullable, as Spark types a scalar subquery
-            unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
-            value = exp.Case(
-                ifs=[exp.If(this=unmatched, true=exp.Literal.number(0))], default=value
-            )
-        copy.replace(value)
+        copy.replace(_unmatched_reads(alias, empty))
         table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
         on = exp.and_(*_key_equalities(alias, keys))
         joins.append(exp.Join(this=table, side="LEFT", on=on))
@@ -387,15 +498,13 @@ def decorrelate_select_list(
 
 
 def _grouped(
-    sub: exp.Subquery,
-    inner: tuple[set[str], set[str]],
-    *,
-    counted: bool = False,
-) -> tuple[exp.Select, list[exp.Expression], bool]:
+    sub: exp.Subquery, inner: tuple[set[str], set[str]]
+) -> tuple[exp.Select, list[exp.Expression], exp.Expression | None]:
     """The subquery grouped by its correlation keys (selecting ``_k<i>`` and ``_v``), the
-    outer expression each key equals, and whether its value over no rows is 0 (a bare
-    ``COUNT``, taken only when ``counted``: in a LEFT JOIN it reads ``coalesce(_v, 0)``).
-    Uncorrelated: its one row with ``_k0 = 1``, and no outer expression."""
+    outer expression each key equals, and, correlated, its value over no rows when that is
+    not NULL (``COUNT``: 0; ``coalesce(sum(x), 0)``: 0): an outer row without a group reads
+    it (:func:`_unmatched_reads`). Uncorrelated: its one row with ``_k0 = 1`` (an aggregate
+    without GROUP BY has one even over no rows), and no outer expression."""
     q: exp.Select = sub.this
     for key, construct in (
         ("group", "GROUP BY"),
@@ -413,21 +522,45 @@ def _grouped(
     if not any(is_aggregate(n) for n in value.walk()):
         raise _refuse("a scalar subquery that does not aggregate (it may give several rows)", sub)
     local, inner_keys, outer_keys, _ = _correlation(q, inner, "a scalar subquery")
-    count = counted and isinstance(value, exp.Count)
-    if inner_keys and not count and not _null_over_no_rows(value):
-        raise _refuse(
-            "a scalar subquery whose value over no rows is not NULL (COUNT, COALESCE, CASE: "
-            "an outer row without matching rows would compare with it)",
-            sub,
-        )
-    # Uncorrelated: one row (an aggregate without GROUP BY has one even over no rows), keyed
-    # by the constant every outer row carries in ONE (wrap_for_constant).
+    empty = None
+    if inner_keys and not _null_over_no_rows(value):
+        empty = _over_no_rows(value, sub)
+    # Uncorrelated: keyed by the constant every outer row carries in ONE (wrap_for_constant).
     keys = [k.copy() for k in inner_keys] or [exp.Literal.number(1)]
     derived = exp.select(*(k.as_(f"_k{i}") for i, k in enumerate(keys)), value.copy().as_("_v"))
     _read_as(derived, q, local)
     if inner_keys:
         derived.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
-    return derived, outer_keys, count
+    return derived, outer_keys, empty
+
+
+def _over_no_rows(value: exp.Expression, sub: exp.Subquery) -> exp.Expression:
+    """An aggregating expression's value over no rows: each COUNT 0 (a BIGINT), any other aggregate
+    NULL, the rest as written (``coalesce(sum(x), 0)``: ``coalesce(NULL, 0)``).
+
+    Raises:
+        SubqueryRefused: an aggregate whose value over no rows is neither (an array...).
+    """
+
+    def empty(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, (exp.Count, exp.CountIf)):  # typed as COUNT is
+            return exp.cast(exp.Literal.number(0), exp.DataType.build("BIGINT"))
+        if isinstance(n, (exp.ArrayAgg, exp.ApproxDistinct)):
+            name = n.sql(dialect="spark").split("(")[0].upper()  # as Spark names it
+            raise _refuse(f"a correlated scalar subquery over {name}", sub)
+        return exp.null() if is_aggregate(n) else n
+
+    return value.copy().transform(empty)
+
+
+def _unmatched_reads(alias: str, empty: exp.Expression | None) -> exp.Expression:
+    """The value a LEFT JOIN with decorrelated subquery ``alias`` gives: its ``_v``, or
+    ``empty`` (its value over no rows) where no group matched (``_k0`` NULL)."""
+    value = exp.column("_v", table=alias)
+    if empty is None:
+        return value
+    unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
+    return exp.Case(ifs=[exp.If(this=unmatched, true=empty.copy())], default=value)
 
 
 def _key_equalities(alias: str, outer_keys: Sequence[exp.Expression]) -> list[exp.Expression]:

@@ -50,10 +50,10 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 
 -- case: unknown hint
 -- ivm: group_size = 10
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
--- case: correlated not in
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_name = o.o_orderkey)
--- case: uncorrelated exists
-CREATE VIEW v AS SELECT o_orderkey FROM orders WHERE EXISTS (SELECT 1 FROM customer WHERE c_name = 'x')
+-- case: not in correlated by a comparison
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_custkey < o.o_orderkey)
+-- case: exists correlated by two comparisons
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey AND c.c_custkey > o.o_orderkey)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
 -- case: two NOT IN over a join
@@ -92,8 +92,8 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON o.o_custkey = x.c_custkey JOIN customer x ON x.c_custkey = c.c_custkey
 -- case: scalar subquery correlated by an inequality
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT avg(o_totalprice) FROM orders i WHERE i.o_custkey < o.o_custkey)
--- case: scalar subquery counting
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT count(*) FROM orders i WHERE i.o_custkey = o.o_custkey)
+-- case: scalar subquery collecting
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE size(o_orderkey) > (SELECT size(collect_list(o_orderkey)) FROM orders i WHERE i.o_custkey = o.o_custkey)
 -- case: full join using
 CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
 -- case: reserved column prefix
