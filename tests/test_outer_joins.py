@@ -5,7 +5,8 @@ clause's joins are nested the same way:
 
 - scalar subqueries in a SELECT list (several, over a join, uncorrelated);
 - EXISTS and IN under an OR, and several NOT EXISTS (the subquery's distinct keys);
-- a correlated NOT IN (per key, its rows and NULLs, and its distinct values);
+- a correlated NOT IN, NOT IN under an OR, several NOT IN (per key, or on a constant, its
+  rows and NULLs, and its distinct values);
 - a correlated scalar subquery whose value over no rows is not NULL (COUNT);
 - an uncorrelated EXISTS or NOT EXISTS (the subquery's one row when it has any, joined on a
   constant).
@@ -121,6 +122,17 @@ VIEWS = {
         SELECT o_id, o_status FROM orders o
         WHERE NOT EXISTS (SELECT 1 FROM lines WHERE l_qty > 49) AND o_total > 100
     """,
+    "total_not_in_or_open": """
+        CREATE VIEW total_not_in_or_open AS
+        SELECT o_id, o_status FROM orders o
+        WHERE o_total NOT IN (SELECT l_price * 10 FROM lines WHERE l_qty > 40) OR o_status = 'O'
+    """,
+    "two_not_in": """
+        CREATE VIEW two_not_in AS
+        SELECT o_id, o_cust FROM orders
+        WHERE o_id NOT IN (SELECT l_order FROM lines WHERE l_qty > 45)
+          AND o_cust NOT IN (SELECT c_id FROM customers WHERE c_seg = 'BUILD')
+    """,
     "matched_or_big": """
         CREATE VIEW matched_or_big AS
         SELECT o_id, o_total FROM orders o
@@ -172,6 +184,10 @@ def test_every_join_has_two_inputs_and_the_first_ones_are_internal_views() -> No
         "price_not_in_lines__join",
         "quantities_of_customer_orders__join",
         "segments_of_lines__join",
+        "total_not_in_or_open__join",
+        "two_not_in__join",
+        "two_not_in__join2",
+        "two_not_in__join3",
     ]
     for v in plan.views.values():
         for node in walk(v.root):

@@ -499,8 +499,10 @@ class _Lowerer(ReduceLowering):
         conjuncts = split_conjuncts(where.this)
         inner_columns = self._inner_columns(ctes)
         try:
-            if any(correlated_not_in(c, inner_columns) for c in conjuncts):
-                s, added = not_in_joined(s, conjuncts, inner_columns, self._subqueries + 1)
+            correlated = [c for c in conjuncts if correlated_not_in(c, inner_columns)]
+            if correlated:
+                first = self._subqueries + 1
+                s, added = not_in_joined(s, conjuncts, correlated, inner_columns, first)
                 self._subqueries += added
                 conjuncts = split_conjuncts(s.args["where"].this)
         except SubqueryRefused as e:
@@ -513,18 +515,22 @@ class _Lowerer(ReduceLowering):
         if len(anti) > 1 or any(uncorrelated_exists(c, inner_columns) for c in anti):
             # each NOT EXISTS a LEFT JOIN (:func:`not_exists_joined`)
             exists = [c for c in anti if subquery_predicate(c)[0] == "NOT EXISTS"]
-            if len(anti) - len(exists) > 1:
-                not_in = [c for c in anti if not any(c is e for e in exists)]
-                raise self.unsupported("more than one NOT IN over a join", not_in[1])
+            not_in = [c for c in anti if not any(c is e for e in exists)]
             try:
                 s, added = not_exists_joined(
-                    s, conjuncts, exists, self._inner_columns(ctes), self._subqueries + 1
+                    s, conjuncts, exists, inner_columns, self._subqueries + 1
                 )
+                self._subqueries += added
+                conjuncts = split_conjuncts(s.args["where"].this)
+                not_in = [c for c in conjuncts if (p := subquery_predicate(c)) and p[0] == "NOT IN"]
+                if len(not_in) > 1:  # each NOT IN its two LEFT JOINs (not_in_joined)
+                    first = self._subqueries + 1
+                    s, added = not_in_joined(s, conjuncts, not_in, inner_columns, first)
+                    self._subqueries += added
+                    not_in = []
             except SubqueryRefused as e:
                 raise self.unsupported(e.construct, e.at) from None
-            self._subqueries += added
-            conjuncts = split_conjuncts(s.args["where"].this)
-            anti = [c for c in conjuncts if (p := subquery_predicate(c)) and p[0] == "NOT IN"]
+            anti = not_in
         if not anti or not _arg(s, "joins"):  # one FROM item: a semi-join filters it
             return s
         from_ = _arg(s, "from")

@@ -199,9 +199,9 @@ def decorrelate(
 
 
 def nested_semis(e: exp.Expression) -> list[exp.Expression]:
-    """The ``EXISTS``/``IN``/``NOT EXISTS`` subqueries under ``e``'s OR (and AND inside it):
-    ``EXISTS`` is never NULL, and an ``IN``'s NULL is as good as false there, since in WHERE
-    AND and OR alone never turn a NULL into true."""
+    """The ``EXISTS``/``IN``/``NOT EXISTS``/``NOT IN`` subqueries under ``e``'s OR (and AND
+    inside it): ``EXISTS`` is never NULL, and an ``IN``'s NULL is as good as false there,
+    since in WHERE AND and OR alone never turn a NULL into true."""
     if isinstance(e, exp.Paren):
         return nested_semis(e.this)
     if not isinstance(e, exp.Or):
@@ -212,9 +212,14 @@ def nested_semis(e: exp.Expression) -> list[exp.Expression]:
             return [*leaves(n.this), *leaves(n.expression)]
         if isinstance(n, exp.Paren):
             return leaves(n.this)
-        return [n] if semi_operand(n) is not None or _not_exists(n) else []
+        return [n] if semi_operand(n) is not None or _not_exists(n) or _not_in(n) else []
 
     return leaves(e)
+
+
+def _not_in(e: exp.Expression) -> bool:
+    found = subquery_predicate(e)
+    return found is not None and found[0] == "NOT IN" and _select_of(found[1]) is not None
 
 
 def _not_exists(e: exp.Expression) -> bool:
@@ -246,64 +251,81 @@ def correlated_not_in(conjunct: exp.Expression, inner_columns: InnerColumns) -> 
 def not_in_joined(
     select: exp.Select,
     conjuncts: Sequence[exp.Expression],
+    targets: Sequence[exp.Expression],
     inner_columns: InnerColumns,
     first_number: int,
 ) -> tuple[exp.Select, int]:
-    """``select`` (whose WHERE is ``conjuncts``) with each correlated ``x NOT IN (SELECT y
-    FROM t WHERE t.k = o.k ...)`` (:func:`correlated_not_in`) made two LEFT JOINs: per key,
-    its rows' count and NULL ``y`` count (``_ivm_sq<n>``), and its distinct non-NULL ``y``
-    (``_ivm_sq<n+1>``, joined on ``_v = x`` too). NOT IN is true over no rows, and else
-    only when ``x`` is not NULL, no ``y`` is NULL and none equals ``x`` (SQL's rules, per
-    outer row): ``stats._k0 IS NULL OR (x IS NOT NULL AND stats._nulls = 0 AND
-    match._k0 IS NULL)``. Also how many joins were added."""
+    """``select`` (whose WHERE is ``conjuncts``) with each ``NOT IN`` of ``targets`` made
+    LEFT JOINs (:func:`_not_in_tested`). Also how many joins were added."""
     out = select.copy()
     joins = list(out.args.get("joins") or [])
     kept: list[exp.Expression] = []
     number = first_number
     for c in conjuncts:
-        if not correlated_not_in(c, inner_columns):
+        if any(c is t for t in targets):
+            tested, added = _not_in_tested(c, out, joins, inner_columns, number)
+            number += added
+            kept.append(tested)
+        else:
             kept.append(c.copy())
-            continue
-        _, query, probe = subquery_predicate(c)
-        q = _select_of(query)
-        if len(q.expressions) != 1:
-            raise _refuse("a NOT IN subquery selecting several columns", c)
-        local, inner_keys, outer_keys, _ = _correlation(q, inner_columns(q), "a NOT IN subquery")
-        value = q.expressions[0]
-        value = value.this if isinstance(value, exp.Alias) else value
-        keys = [k.copy().as_(f"_k{i}") for i, k in enumerate(inner_keys)]
-        stats = exp.select(
-            *keys,
-            exp.Count(this=exp.Star()).as_("_n"),
-            exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=value.copy())).as_(
-                "_nulls"
-            ),
-        )
-        _read_as(stats, q, local)
-        stats.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
-        present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.null()))
-        matches = exp.select(*(k.copy() for k in keys), value.copy().as_("_v")).distinct()
-        _read_as(matches, q, [*local, present])
-        a, b = f"{HIDDEN_PREFIX}{number}", f"{HIDDEN_PREFIX}{number + 1}"
-        number += 2
-        for alias, derived, on in (
-            (a, stats, _key_equalities(a, outer_keys)),
-            (
-                b,
-                matches,
-                [*_key_equalities(b, outer_keys), exp.column("_v", table=b).eq(probe.copy())],
-            ),
-        ):
-            table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
-            joins.append(exp.Join(this=table, side="LEFT", on=exp.and_(*on)))
-        unmatched = exp.Is(this=exp.column("_k0", table=a), expression=exp.null())
-        known = exp.Not(this=exp.Is(this=probe.copy(), expression=exp.null()))
-        no_nulls = exp.column("_nulls", table=a).eq(0)
-        no_match = exp.Is(this=exp.column("_k0", table=b), expression=exp.null())
-        kept.append(exp.Paren(this=exp.or_(unmatched, exp.and_(known, no_nulls, no_match))))
     out.set("joins", joins)
     out.set("where", exp.Where(this=exp.and_(*kept)))
     return out, number - first_number
+
+
+def _not_in_tested(
+    c: exp.Expression,
+    outer: exp.Select,
+    joins: list[exp.Join],
+    inner_columns: InnerColumns,
+    number: int,
+) -> tuple[exp.Expression, int]:
+    """``x NOT IN (SELECT y FROM t WHERE t.k = o.k ...)`` as two LEFT JOINs added to
+    ``joins``: per key (uncorrelated: one row on a constant of ``outer``), the subquery's row
+    count and NULL ``y`` count (``_ivm_sq<number>``), and its distinct non-NULL ``y``
+    (``_ivm_sq<number + 1>``, joined on ``_v = x`` too); and the test that replaces it. NOT
+    IN is true over no rows, and else only when ``x`` is not NULL, no ``y`` is NULL and none
+    equals ``x`` (SQL's rules, per outer row): ``coalesce(stats._n, 0) = 0 OR (x IS NOT NULL
+    AND stats._nulls = 0 AND match._k0 IS NULL)``. Also how many joins were added (2)."""
+    _, query, probe = subquery_predicate(c)
+    q = _select_of(query)
+    if any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify")):
+        raise _refuse(
+            "a NOT IN subquery with GROUP BY, HAVING, LIMIT or DISTINCT under OR or beside "
+            "another NOT IN",
+            c,
+        )
+    if len(q.expressions) != 1:
+        raise _refuse("a NOT IN subquery selecting several columns", c)
+    local, inner_keys, outer_keys, _ = _correlation(q, inner_columns(q), "a NOT IN subquery")
+    if not inner_keys:  # uncorrelated: one row of counts, joined on a constant
+        outer_keys = [exp.column(ONE, table=_wrap_for_constant(outer))]
+    value = q.expressions[0]
+    value = value.this if isinstance(value, exp.Alias) else value
+    keys = [k.copy() for k in inner_keys] or [exp.Literal.number(1)]
+    named = [k.copy().as_(f"_k{i}") for i, k in enumerate(keys)]
+    count = exp.Count(this=exp.Star())
+    nulls = exp.Sub(this=count.copy(), expression=exp.Count(this=value.copy()))
+    stats = exp.select(*named, count.as_("_n"), nulls.as_("_nulls"))
+    _read_as(stats, q, local)
+    if inner_keys:
+        stats.set("group", exp.Group(expressions=[k.copy() for k in inner_keys]))
+    present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.null()))
+    matches = exp.select(*(k.copy() for k in named), value.copy().as_("_v")).distinct()
+    _read_as(matches, q, [*local, present])
+    a, b = f"{HIDDEN_PREFIX}{number}", f"{HIDDEN_PREFIX}{number + 1}"
+    probe_eq = exp.column("_v", table=b).eq(probe.copy())
+    for alias, derived, on in (
+        (a, stats, _key_equalities(a, outer_keys)),
+        (b, matches, [*_key_equalities(b, outer_keys), probe_eq]),
+    ):
+        table = exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+        joins.append(exp.Join(this=table, side="LEFT", on=exp.and_(*on)))
+    empty = exp.func("coalesce", exp.column("_n", table=a), exp.Literal.number(0)).eq(0)
+    known = exp.Not(this=exp.Is(this=probe.copy(), expression=exp.null()))
+    no_nulls = exp.column("_nulls", table=a).eq(0)
+    no_match = exp.Is(this=exp.column("_k0", table=b), expression=exp.null())
+    return exp.Paren(this=exp.or_(empty, exp.and_(known, no_nulls, no_match))), 2
 
 
 def uncorrelated_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
@@ -361,8 +383,17 @@ def _semis_tested(
     matches at most one such key, so none is doubled. Also how many joins were added."""
     out = c.copy()
     leaves = [out] if whole else nested_semis(out)
-    for number, leaf in enumerate(leaves, first_number):
+    number = first_number
+    for leaf in leaves:
+        if _not_in(leaf):  # its own pair of joins (SQL's NULL rules)
+            tested, added = _not_in_tested(leaf, outer, joins, inner_columns, number)
+            number += added
+            if leaf is out:
+                return tested, added
+            leaf.replace(tested)
+            continue
         alias = f"{HIDDEN_PREFIX}{number}"
+        number += 1
         negated = _not_exists(leaf)
         q, probe = semi_operand(leaf.this if negated else leaf)
         derived, keys, bound = _distinct(q, probe, inner_columns(q), leaf)
@@ -386,7 +417,7 @@ def _semis_tested(
         if leaf is out:
             return tested, 1
         leaf.replace(tested)
-    return out, len(leaves)
+    return out, number - first_number
 
 
 def _distinct(

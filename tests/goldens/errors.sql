@@ -56,8 +56,8 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT 
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey AND c.c_custkey > o.o_orderkey)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
--- case: two NOT IN over a join
-CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
+-- case: two NOT IN over a join, one grouped
+CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer GROUP BY c_custkey) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
 -- case: non-equi correlation
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey)
 -- case: nondeterministic
