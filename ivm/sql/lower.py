@@ -74,13 +74,12 @@ from ivm.sql.subqueries import (
     decorrelate_select_list,
     lift_having,
     nested_semis,
-    not_exists_joined,
-    not_in_joined,
     scalar_operand,
     select_subqueries,
     semi_operand,
     shadowed,
     subquery_predicate,
+    tests_joined,
     uncorrelated_exists,
     wrap_join,
 )
@@ -491,46 +490,30 @@ class _Lowerer(ReduceLowering):
     def _anti_wrapped(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with a join filtered by ``NOT EXISTS``/``NOT IN`` made one FROM item
         (:func:`ivm.sql.subqueries.wrap_join`), so the anti-join filters it as it filters a
-        table; with several, each NOT EXISTS first made a LEFT JOIN (one NOT IN may remain);
-        ``s`` itself otherwise."""
+        table; a correlated NOT IN, or several, made LEFT JOINs first (one NOT IN may
+        remain); ``s`` itself otherwise."""
         where = s.args.get("where")
         if not isinstance(where, exp.Where):
             return s
         conjuncts = split_conjuncts(where.this)
         inner_columns = self._inner_columns(ctes)
         try:
-            correlated = [c for c in conjuncts if correlated_not_in(c, inner_columns)]
-            if correlated:
+            # a correlated NOT IN: LEFT JOINs (tests_joined); so is every NOT EXISTS and NOT IN
+            # of several, or an uncorrelated NOT EXISTS, but one NOT IN (the anti-join's)
+            targets = [c for c in conjuncts if correlated_not_in(c, inner_columns)]
+            anti = [c for c in conjuncts if _anti(c) and not any(c is t for t in targets)]
+            if len(anti) > 1 or any(uncorrelated_exists(c, inner_columns) for c in anti):
+                not_in = [c for c in anti if subquery_predicate(c)[0] == "NOT IN"]
+                targets += [c for c in anti if len(not_in) > 1 or not any(c is n for n in not_in)]
+                anti = not_in if len(not_in) == 1 else []
+            if targets:
                 first = self._subqueries + 1
-                s, added = not_in_joined(s, conjuncts, correlated, inner_columns, first)
+                s, added = tests_joined(s, conjuncts, targets, inner_columns, first)
                 self._subqueries += added
                 conjuncts = split_conjuncts(s.args["where"].this)
+                anti = [c for c in conjuncts if _anti(c)]  # what was left, as rewritten
         except SubqueryRefused as e:
             raise self.unsupported(e.construct, e.at) from None
-        anti = [
-            c
-            for c in conjuncts
-            if (p := subquery_predicate(c)) is not None and p[0] in ("NOT EXISTS", "NOT IN")
-        ]
-        if len(anti) > 1 or any(uncorrelated_exists(c, inner_columns) for c in anti):
-            # each NOT EXISTS a LEFT JOIN (:func:`not_exists_joined`)
-            exists = [c for c in anti if subquery_predicate(c)[0] == "NOT EXISTS"]
-            not_in = [c for c in anti if not any(c is e for e in exists)]
-            try:
-                s, added = not_exists_joined(
-                    s, conjuncts, exists, inner_columns, self._subqueries + 1
-                )
-                self._subqueries += added
-                conjuncts = split_conjuncts(s.args["where"].this)
-                not_in = [c for c in conjuncts if (p := subquery_predicate(c)) and p[0] == "NOT IN"]
-                if len(not_in) > 1:  # each NOT IN its two LEFT JOINs (not_in_joined)
-                    first = self._subqueries + 1
-                    s, added = not_in_joined(s, conjuncts, not_in, inner_columns, first)
-                    self._subqueries += added
-                    not_in = []
-            except SubqueryRefused as e:
-                raise self.unsupported(e.construct, e.at) from None
-            anti = not_in
         if not anti or not _arg(s, "joins"):  # one FROM item: a semi-join filters it
             return s
         from_ = _arg(s, "from")
@@ -542,7 +525,7 @@ class _Lowerer(ReduceLowering):
             (i, c) for i, r in enumerate(scope.relations) for c in r.node.columns
         ]
         kept = [c for c in conjuncts if c is not anti[0]]
-        return wrap_join(s, relations, visible, kept, anti[0], self._inner_columns(ctes))
+        return wrap_join(s, relations, visible, kept, anti[0], inner_columns)
 
     def _outer_nested(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with the inputs before an outer join of more than two inputs, or before an
@@ -1434,6 +1417,12 @@ def _qualified(e: exp.Expression, outer: Relation, inner: Relation) -> exp.Expre
 def _has_joins(e: exp.Expression) -> bool:
     """Whether ``e`` is a FROM item that sqlglot gave joins: ``(a JOIN b ...)``."""
     return isinstance(e, (exp.Table, exp.Subquery)) and bool(e.args.get("joins"))
+
+
+def _anti(conjunct: exp.Expression) -> bool:
+    """Whether ``conjunct`` is ``NOT EXISTS (q)`` or ``x NOT IN (q)``."""
+    found = subquery_predicate(conjunct)
+    return found is not None and found[0] in ("NOT EXISTS", "NOT IN")
 
 
 def _unfolded(item: exp.Expression, joins: list[exp.Join]) -> tuple[exp.Expression, list[exp.Join]]:

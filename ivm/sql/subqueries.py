@@ -248,31 +248,6 @@ def correlated_not_in(conjunct: exp.Expression, inner_columns: InnerColumns) -> 
     return bool(_correlation(q, inner_columns(q), "a NOT IN subquery")[2])
 
 
-def not_in_joined(
-    select: exp.Select,
-    conjuncts: Sequence[exp.Expression],
-    targets: Sequence[exp.Expression],
-    inner_columns: InnerColumns,
-    first_number: int,
-) -> tuple[exp.Select, int]:
-    """``select`` (whose WHERE is ``conjuncts``) with each ``NOT IN`` of ``targets`` made
-    LEFT JOINs (:func:`_not_in_tested`). Also how many joins were added."""
-    out = select.copy()
-    joins = list(out.args.get("joins") or [])
-    kept: list[exp.Expression] = []
-    number = first_number
-    for c in conjuncts:
-        if any(c is t for t in targets):
-            tested, added = _not_in_tested(c, out, joins, inner_columns, number)
-            number += added
-            kept.append(tested)
-        else:
-            kept.append(c.copy())
-    out.set("joins", joins)
-    out.set("where", exp.Where(this=exp.and_(*kept)))
-    return out, number - first_number
-
-
 def _not_in_tested(
     c: exp.Expression,
     outer: exp.Select,
@@ -342,16 +317,16 @@ def uncorrelated_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -
     return not keys and bound is None
 
 
-def not_exists_joined(
+def tests_joined(
     select: exp.Select,
     conjuncts: Sequence[exp.Expression],
     targets: Sequence[exp.Expression],
     inner_columns: InnerColumns,
     first_number: int,
 ) -> tuple[exp.Select, int]:
-    """``select`` (whose WHERE is ``conjuncts``) with each ``NOT EXISTS`` of ``targets``
-    made a LEFT JOIN with the subquery's distinct keys, its rows kept where none matches
-    (:func:`_semis_tested`): any number of them over a join. Also how many were added."""
+    """``select`` (whose WHERE is ``conjuncts``) with each ``NOT EXISTS`` or ``NOT IN`` of
+    ``targets`` made LEFT JOINs and the test replacing it (:func:`_semis_tested`): any number
+    of them, over a join or one table. Also how many joins were added."""
     out = select.copy()
     joins = list(out.args.get("joins") or [])
     kept: list[exp.Expression] = []

@@ -110,33 +110,10 @@ def lift_grouped(s: exp.Select) -> exp.Select | None:
     if not grouped or not window_calls(s):
         return None
     hidden: list[exp.Expression] = []
-
     outputs = {i.alias_or_name.lower() for i in s.expressions if isinstance(i, exp.Alias)}
 
     def lifted(e: exp.Expression, aliases: frozenset[str] = frozenset()) -> exp.Expression:
-        """``e`` over the groups: its aggregates and bare columns as ``__w<n>`` (but the
-        SELECT list's ``aliases`` it names)."""
-
-        def one(n: exp.Expression) -> exp.Expression:
-            hidden.append(n.copy().as_(f"__w{len(hidden)}"))
-            return exp.column(f"__w{len(hidden) - 1}", table=GROUPS)
-
-        def walk(n: exp.Expression, own: exp.Expression | None) -> exp.Expression:
-            named = isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases
-            if n is not own and not named and (is_aggregate(n) or isinstance(n, exp.Column)):
-                return one(n)
-            if isinstance(n, exp.Window):  # its function stays; what it reads is lifted
-                own = window_function(n)
-            for key, value in list(n.args.items()):
-                if isinstance(value, exp.Expression):
-                    n.set(key, walk(value, own))
-                elif isinstance(value, list):
-                    n.set(
-                        key, [walk(v, own) if isinstance(v, exp.Expression) else v for v in value]
-                    )
-            return n
-
-        return walk(e.copy(), None)
+        return _over_groups(e.copy(), None, hidden, aliases)
 
     outer_items, inner_items = [], []
     for item in s.expressions:
@@ -167,6 +144,33 @@ def lift_grouped(s: exp.Select) -> exp.Select | None:
         if s.args.get(key) is not None:
             out.set(key, s.args[key].copy())
     return out
+
+
+def _over_groups(
+    n: exp.Expression,
+    own: exp.Expression | None,
+    hidden: list[exp.Expression],
+    aliases: frozenset[str],
+) -> exp.Expression:
+    """``n`` (a copy, changed in place) over the groups of :func:`lift_grouped`: each
+    aggregate and bare column (not one of the SELECT list's ``aliases``, nor ``own``, the
+    window function being read) appended to ``hidden`` as ``__w<i>`` and read from there."""
+    named = isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases
+    if n is not own and not named and (is_aggregate(n) or isinstance(n, exp.Column)):
+        hidden.append(n.copy().as_(f"__w{len(hidden)}"))
+        return exp.column(f"__w{len(hidden) - 1}", table=GROUPS)
+    if isinstance(n, exp.Window):  # its function stays; what it reads is lifted
+        own = window_function(n)
+    for key, value in list(n.args.items()):
+        if isinstance(value, exp.Expression):
+            n.set(key, _over_groups(value, own, hidden, aliases))
+        elif isinstance(value, list):
+            items = [
+                _over_groups(v, own, hidden, aliases) if isinstance(v, exp.Expression) else v
+                for v in value
+            ]
+            n.set(key, items)
+    return n
 
 
 class WindowLowering(LoweringContext):
