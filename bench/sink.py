@@ -1,4 +1,4 @@
-"""A readable table's change applied four ways (``python -m bench.sink [ROUNDS] [--files F]
+"""A readable table's change applied five ways (``python -m bench.sink [ROUNDS] [--files F]
 [--rows-per-file N]``).
 
 Each way keeps its own table of ``F`` files of ``N`` rows ``(k, name, v DECIMAL)`` (default 20
@@ -8,10 +8,11 @@ rewrite), *sized* (a size bound: the change is sized and its files found on the 
 one Arrow copy, and Spark rewrites them), *driver* (the driver also rewrites the files, with
 no Spark job, the policy's ``driver_rewrite_rows``) and *vectors* (the deletions marked in
 deletion vectors by one delta-spark MERGE that also inserts, ``rewrite_copy_rows = 0``; the
-copies held are counted on the driver). Prints each round and the sorted times of each way,
+copies held are counted on the driver) and *dv-driver* (the driver marks the vectors and
+commits them itself). Prints each round and the sorted times of each way,
 the first round of each dropped (warm-up), and the rows each wrote. The first three rewrite
 the files holding a deleted row (the driver keeps a candidate that holds none); the last
-rewrites none.
+two rewrite none.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from decimal import Decimal
 
 import ivm.policy
 
-WAYS = ("spark", "sized", "driver", "vectors")
+WAYS = ("spark", "sized", "driver", "vectors", "dv-driver")
 POLICIES: dict[str, dict[str, object]] = {
     "spark": {"driver_rewrite_rows": 0, "deletion_vectors": False},
     "sized": {"driver_rewrite_rows": 0, "deletion_vectors": False},
     "driver": {"deletion_vectors": False},
-    "vectors": {"rewrite_copy_rows": 0},
+    "vectors": {"rewrite_copy_rows": 0, "driver_rewrite_rows": 0},
+    "dv-driver": {"rewrite_copy_rows": 0},
 }
 """The policy each way refreshes under."""
 

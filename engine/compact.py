@@ -236,13 +236,13 @@ def _optimize(engine: Any, uri: str, result: TableCompaction) -> None:
     """Rewrite a readable table's small files into fewer, same rows: delta-rs's OPTIMIZE, or,
     once the table has deletion vectors, Delta's OPTIMIZE and REORG ... APPLY (PURGE), which
     also rewrites the files the vectors delete rows from without those rows."""
+    if result.files_before <= 1 and not any(f.deleted for f in table_files(uri)):
+        result.skipped = "nothing to do"
+        return
     metadata = {**_carried_metadata(uri), COMPACTED: "true"}
     if compact_vectors(engine.spark, uri, metadata=metadata):
         result.rows_after, result.bytes_after, result.files_after = _size(uri)
         FILES.keep_only(local_path(uri), [local_path(f.uri) for f in table_files(uri)])
-        return
-    if result.files_before <= 1:
-        result.skipped = "nothing to do"
         return
     app_id = engine.app_id(uri)
     with table_lock(uri):

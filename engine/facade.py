@@ -128,8 +128,11 @@ class Engine(Inspector):
         return self.session.spark
 
     def vacuum(self, retention_hours: float = 168.0) -> dict[str, int]:
-        """:meth:`Inspector.vacuum`, with Delta's own VACUUM for tables with deletion vectors."""
-        return self.maintenance.vacuum(retention_hours, self.spark)
+        """:meth:`Inspector.vacuum`, with Delta's own VACUUM for tables with deletion vectors
+        (its Spark jobs in one job group)."""
+        spark = self.spark
+        with self.job_group("vacuum", "ivm: vacuum the lake's tables"):
+            return self.maintenance.vacuum(retention_hours, spark)
 
     def release_spark(self) -> None:
         """Release a Spark Connect session on its server now (nothing for a classic session,

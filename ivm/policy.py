@@ -94,15 +94,17 @@ class Policy:
     driver_insert_bytes: int = 512 * MIB
     """Most bytes of Arrow memory an insert-only change may take on the driver."""
     deletion_vectors: bool = True
-    """Whether a readable table may take deletions as deletion vectors (one delta-spark
-    MERGE; the table gets the feature the first time). Off, deletions rewrite files: for
-    tables that readers without deletion vector support open."""
+    """Whether a readable table may take deletions as deletion vectors (marked by the driver
+    when it counted the change and can read the candidate files, else by one delta-spark
+    MERGE; the table gets the feature the first time): rows written per refresh are then the
+    rows inserted. Off, deletions rewrite files: for tables that readers without deletion
+    vector support open."""
     rewrite_copy_rows: int = 4_000_000
-    """A deletion whose file rewrite would copy this many untouched rows or more is marked in
-    deletion vectors instead; ``0``: every deletion is. Rows written per refresh stay under
-    the rows changed plus this many. Below it a rewrite measured faster (the driver's, up to
-    ``driver_rewrite_rows``; a MERGE scans the table): lower it to trade refresh time for
-    proportional writes (BENCHMARKS.md, "Readable tables")."""
+    """For deletions the driver does not mark (counted by Spark, candidate files over
+    ``driver_rewrite_rows``, a table it cannot commit to): a rewrite that would copy this many
+    untouched rows or more is a delta-spark MERGE by deletion vectors instead; ``0``: always.
+    Below it Spark's rewrite measured faster (a MERGE scans the table: BENCHMARKS.md,
+    "Readable tables")."""
     per_row_prune_files: int = 8
     """When the deleted rows' range still overlaps this many files, find the files row by row."""
     prune_columns: int = 8

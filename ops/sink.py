@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ from ops.log_sink import (
     stage_updates,
 )
 from ops.rows import null_safe_matches
-from resources.delta_ops import OP, enable_vectors, merge_change, quoted
+from resources.delta_ops import OP, merge_change, quoted
 from resources.faults import crash_point
 from resources.filecache import FILES, MAX_CHUNKS
 from resources.lake import (
@@ -70,6 +71,7 @@ from resources.lake import (
     count_driver_read,
     deleted_positions,
     local_path,
+    open_table,
     remove_action,
     stage_arrow,
     staging_uri,
@@ -77,6 +79,7 @@ from resources.lake import (
     table_lock,
     transaction_version,
 )
+from resources.vectors import commit_vectors, driver_writable, enable_vectors
 
 SCRATCH = RESERVED_PREFIX
 """The prefix of this module's own column names, which no view column has."""
@@ -139,6 +142,13 @@ class Strategy(enum.Enum):
     """Deletions: Spark reads the candidate files once and writes the rows no deletion names,
     in their order, and the inserted rows (counted on the driver: the same scan counts the
     deleted rows' copies; counted by Spark: a join against the deleted rows counts them)."""
+    VECTORS_BY_DRIVER = "deletion vectors by the driver"
+    """Deletions, counted on the driver, from candidate files of at most
+    ``driver_rewrite_rows`` rows it reads (its cache holds them, and a file marked here keeps
+    its rows): the positions of exactly the copies deleted are marked in deletion vectors,
+    the inserted rows appended, in one commit the driver writes
+    (:func:`resources.vectors.commit_vectors`); no file is rewritten, no Spark job. Local
+    tables whose features that writer honours."""
     DELETE_BY_VECTORS = "deletion vectors by delta-spark"
     """Deletions marked in deletion vectors, with the inserted rows, by one delta-spark MERGE
     (:func:`resources.delta_ops.merge_change`; the table gets the feature the first time): no
@@ -216,6 +226,8 @@ class Known:
     """Candidate files with a deletion vector (only Delta's reader reads them)."""
     comparable: bool = True
     """Every column compares by ``<=>`` in a MERGE condition (no map)."""
+    vector_writer: str | None = None
+    """Why the driver cannot commit deletion vectors to the table; None when it can."""
 
 
 def choose(known: Known, policy: Policy) -> Choice:
@@ -238,9 +250,17 @@ def choose(known: Known, policy: Policy) -> Choice:
         return Choice(Strategy.APPEND_BY_SPARK, "the change deletes no row")
     if not known.candidates:
         return Choice(Strategy.REFUSE, "no file of the table may hold a deleted row")
-    why_rewrite = _no_vectors(known, policy)
-    if why_rewrite is None:
-        return Choice(Strategy.DELETE_BY_VECTORS, _why_vectors(known, policy))
+    why_not_marked = _no_driver_vectors(known, policy)
+    if why_not_marked is None:
+        return Choice(
+            Strategy.VECTORS_BY_DRIVER,
+            f"the driver marks the {known.deleted} deleted rows in the {known.candidates} "
+            f"candidate files of {known.candidate_rows} rows",
+        )
+    if _no_vectors(known, policy) is None:
+        return Choice(
+            Strategy.DELETE_BY_VECTORS, f"{_why_vectors(known, policy)}; {why_not_marked}"
+        )
     why_not = _no_driver_rewrite(known, policy)
     if why_not is None:
         return Choice(
@@ -276,6 +296,17 @@ def _why_vectors(known: Known, policy: Policy) -> str:
     copied = (known.candidate_rows or 0) - known.deleted
     limit = policy.rewrite_copy_rows
     return f"a rewrite would copy {copied} rows, rewrite_copy_rows ({limit}) or more"
+
+
+def _no_driver_vectors(known: Known, policy: Policy) -> str | None:
+    """Why the driver does not mark the deletions in deletion vectors itself; None when it
+    does: whenever the policy allows vectors, the driver counted the change and can read the
+    candidate files (at most ``driver_rewrite_rows`` rows) and commit to the table. Measured
+    faster than its rewrite at every size (BENCHMARKS.md, "Readable tables"), and it writes
+    only the inserted rows."""
+    if not policy.deletion_vectors:
+        return "the policy keeps deletion vectors off"
+    return _no_driver_rewrite(known, policy) or known.vector_writer
 
 
 def _no_driver_insert(known: Known, policy: Policy) -> str | None:
@@ -360,7 +391,7 @@ def apply_to_table(
         change = _Change.of(net, overwrite, positive, rows_hint, net_rows, read_net)
         table = _Table(spark, table_uri, app_id, epoch, metadata, label)
         sized = _size(how, table, change, policy)
-        choice = choose(_known(change, sized, how), policy)
+        choice = choose(_known(table, change, sized, how), policy)
         return _STRATEGIES[choice.strategy](table, change, sized, choice, policy)
     finally:
         if how is Sizing.SPARK:
@@ -488,7 +519,7 @@ def _size(how: Sizing, table: _Table, change: _Change, policy: Policy) -> _Sized
     return _Sized(inserted, deleted, candidates, rows, deletes, bounds)
 
 
-def _known(change: _Change, sized: _Sized, how: Sizing) -> Known:
+def _known(table: _Table, change: _Change, sized: _Sized, how: Sizing) -> Known:
     """What :func:`choose` needs of a counted change."""
     return Known(
         overwrite=change.overwrite,
@@ -503,6 +534,9 @@ def _known(change: _Change, sized: _Sized, how: Sizing) -> Known:
         candidate_rows=sized.existing_rows if sized.counted else None,
         vectored=sum(1 for f in sized.candidates if f.deleted),
         comparable=not any(_has_map(f.dataType) for f in change.net.schema.fields),
+        vector_writer=driver_writable(table.uri, open_table(table.uri))
+        if sized.candidates
+        else None,
     )
 
 
@@ -741,7 +775,7 @@ def _delete_by_vectors(
         kept, short = _held_copies(table, change, sized, target, policy)
         if short is not None:
             return _refused(table, short)
-        enable_vectors(spark, uri)
+        enable_vectors(uri)
         crash_point("vectors_enabled")
         commit, metrics = merge_change(
             spark,
@@ -765,6 +799,93 @@ def _delete_by_vectors(
         )
     rewritten = copies + metrics.copied
     return TableChange(commit, sized.inserted, sized.deleted, 0, rewritten, choice)
+
+
+def _vectors_by_driver(
+    table: _Table, change: _Change, sized: _Sized, choice: Choice, policy: Policy
+) -> TableChange:
+    """:data:`Strategy.VECTORS_BY_DRIVER`: under the table's lock, the positions of the
+    copies each deleted row loses found in the candidate files (:func:`_marked`), the
+    inserted rows written as one new file, and both committed by the driver in one commit
+    (:func:`resources.vectors.commit_vectors`). The files marked keep their bytes, so the
+    driver's cache of them stays valid."""
+    if sized.rows is None:
+        raise InvariantViolation(f"view {table.label!r}: driver deletions of rows it does not hold")
+    rows = sized.rows.select([*change.columns, DIFF])
+    with table_lock(table.uri):
+        if table.applied():
+            return _already_applied(table)
+        marked, short = _marked(table, sized.candidates, rows, change.schema, change.columns)
+        if short is not None:
+            return _refused(table, short)
+        enable_vectors(table.uri)
+        crash_point("vectors_enabled")
+        staged_uri = staging_uri(table.uri, table.epoch, "rows")
+        fresh = _each_copy(
+            rows.filter(pc.greater(rows.column(DIFF), 0)), change.columns, change.schema
+        )
+        if fresh.num_rows:
+            fresh = fresh.sort_by(spark_order(change.columns))
+            _keep_written(stage_arrow(staged_uri, fresh), change.schema, fresh)
+        staged = collect_staged(table.uri, staged_uri)
+        crash_point("vectors_staged")
+        commit = commit_vectors(
+            table.uri,
+            app_id=table.app_id,
+            epoch=table.epoch,
+            deletions=marked,
+            adds=staged.adds,
+            metadata=table.metadata,
+        )
+    commit.rows, commit.bytes = staged.rows, staged.bytes
+    if not commit.committed:
+        return _already_applied(table)
+    return TableChange(commit, sized.inserted, sized.deleted, 0, 0, choice)
+
+
+def _marked(
+    table: _Table,
+    candidates: Sequence[DataFile],
+    change: pa.Table,
+    schema: pa.Schema,
+    columns: Sequence[str],
+) -> tuple[dict[str, np.ndarray], _Short | None]:
+    """The positions to mark deleted, by candidate file (relative to the table): of each
+    deleted row (``change``'s negative diffs), exactly as many live copies as it loses, the
+    first ones in the files' order; the rows a deletion vector already deletes are not
+    copies. With the first row deleted more times than the candidates hold it (nothing to
+    mark then)."""
+    deletes = change.filter(pc.less(change.column(DIFF), 0))
+    wanted = deletes.select(list(columns)).cast(schema)
+    gone = deleted_positions(table.uri, candidates)
+    keys, files, positions = [], [], []
+    for i, f in enumerate(candidates):
+        rows, decoded = FILES.read(local_path(f.uri), schema)
+        if decoded:
+            count_driver_read(f.uri, rows.num_rows)
+        pairs = null_safe_matches(rows, wanted, columns)
+        found = pairs.column("_row").to_numpy()
+        live = ~np.isin(found, gone.get(local_path(f.uri), ()))
+        keys.append(pairs.column("_key").to_numpy()[live])
+        positions.append(found[live])
+        files.append(np.full(int(live.sum()), i))
+    key, file, position = (
+        np.concatenate(a) if a else np.empty(0, np.int64) for a in (keys, files, positions)
+    )
+    need = -deletes.column(DIFF).to_numpy()
+    _, short = _kept_copies(deletes, np.bincount(key, minlength=len(need)), columns)
+    if short is not None:
+        return {}, short
+    order = np.argsort(key, kind="stable")  # each key's copies in the files' order
+    ranked = key[order]
+    rank = np.arange(len(ranked)) - np.searchsorted(ranked, ranked, side="left")
+    chosen = order[rank < need[ranked]]
+    root = local_path(table.uri).rstrip("/")
+    marked: dict[str, np.ndarray] = {}
+    for i in np.unique(file[chosen]):
+        path = os.path.relpath(local_path(candidates[i].uri), root)
+        marked[path] = np.sort(position[chosen][file[chosen] == i])
+    return marked, None
 
 
 def _held_copies(
@@ -1372,6 +1493,7 @@ _STRATEGIES: dict[Strategy, Callable[[_Table, _Change, _Sized, Choice, Policy], 
     Strategy.APPEND_BY_SPARK: _append_by_spark,
     Strategy.REWRITE_BY_DRIVER: _rewrite_by_driver,
     Strategy.REWRITE_BY_SPARK: _rewrite_by_spark,
+    Strategy.VECTORS_BY_DRIVER: _vectors_by_driver,
     Strategy.DELETE_BY_VECTORS: _delete_by_vectors,
     Strategy.REFUSE: _refuse,
 }

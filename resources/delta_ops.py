@@ -1,10 +1,11 @@
-"""Delta's own operations on the engine's tables, run by delta-spark: MERGE, table properties,
-OPTIMIZE, REORG ... APPLY (PURGE) and VACUUM.
+"""Delta's own operations on the engine's tables, run by delta-spark: MERGE, OPTIMIZE,
+REORG ... APPLY (PURGE) and VACUUM.
 
 Owns every SQL statement the engine sends to delta-spark to change a table or the session's
 catalog (``[catalog] database``: :func:`register_table`; reads go through
 ``spark.read.format("delta")`` where they are needed, :mod:`ops.ingest`). delta-rs commits
-everything else (:mod:`resources.lake`); both take the same per-table lock
+everything else (:mod:`resources.lake`), but the deletion vectors the driver marks
+(:mod:`resources.vectors`); both take the same per-table lock
 (:func:`resources.lake.table_lock`) and the same app transaction, so the two writers never
 interleave a check and a commit.
 
@@ -42,8 +43,6 @@ if TYPE_CHECKING:  # no Spark import for the commands that run without it (`ivm 
 
 OP = "_ivm_op"
 """The source column of :func:`merge_change`: ``D`` deletes the row's copies, ``I`` inserts."""
-
-VECTORS = "delta.enableDeletionVectors"
 
 _TXN = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -87,17 +86,6 @@ def _session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Itera
         finally:
             for key in settings:
                 spark.conf.unset(key)
-
-
-def enable_vectors(spark: SparkSession, uri: str) -> bool:
-    """Give the table the deletion vectors feature (a commit of its own, no data changed) if
-    it lacks it; True when it was added."""
-    dt = open_table(uri)
-    if dt is None or dt.metadata().configuration.get(VECTORS) == "true":
-        return False
-    with _session_settings(spark, {}):
-        spark.sql(f"ALTER TABLE {path_table(uri)} SET TBLPROPERTIES ('{VECTORS}' = 'true')")
-    return True
 
 
 def merge_change(

@@ -8,6 +8,8 @@ dictionary lookup.
 Points (in the order a refresh reaches them): ``ingest`` (inputs read, nothing written),
 ``staged`` (a commit's Parquet files written, not committed), ``arrangement_committed``,
 ``state_committed``, ``log_committed`` (a view's diff log committed, its table not),
+``vectors_enabled`` (a table given the deletion vectors feature, its change not committed),
+``vectors_staged`` (the driver's inserted rows written, its deletion vectors not committed),
 ``table_committed`` (both committed), ``before_materialization`` (Dagster has not recorded
 the materialization yet).
 

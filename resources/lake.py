@@ -1,7 +1,8 @@
 """The Delta lake facade: table layout, reading source snapshots and change feeds, committing.
 
-Owns every call to delta-rs (the ``deltalake`` package). Spark never touches the Delta log: it
-reads the Parquet files that :class:`SourceTable` lists and writes Parquet files that
+Owns the calls to delta-rs (the ``deltalake`` package), but for the deletion vectors the
+driver commits (:mod:`resources.vectors`). The engine's Spark jobs never touch the Delta log:
+they read the Parquet files that :class:`SourceTable` lists and write Parquet files that
 :func:`commit_files` then commits. Tables stay standard Delta, readable by delta-spark,
 DuckDB, Polars and Trino.
 
@@ -487,9 +488,16 @@ def vector_deletions(dt: DeltaTable) -> dict[str, int]:
 def deleted_positions(table_uri: str, files: Sequence[DataFile]) -> dict[str, np.ndarray]:
     """For each of ``files`` with a deletion vector, the positions (ascending) of the rows it
     deletes, by the file's local path."""
-    wanted = {local_path(f.uri) for f in files if f.deleted}
+    wanted = [f.uri for f in files if f.deleted]
     dt = open_table(table_uri) if wanted else None
-    dvs = None if dt is None else _vectors(dt)
+    return {} if dt is None else deleted_positions_of(dt, wanted)
+
+
+def deleted_positions_of(dt: DeltaTable, uris: Sequence[str]) -> dict[str, np.ndarray]:
+    """For each data file of ``dt``'s snapshot among ``uris`` that has a deletion vector, the
+    positions (ascending) of the rows it deletes, by the file's local path."""
+    wanted = {local_path(u) for u in uris}
+    dvs = _vectors(dt) if wanted else None
     if dvs is None:
         return {}
     out = {}

@@ -43,11 +43,13 @@ SPARK += '"spark.sql.shuffle.partitions" = "1"\n'
     ("policy", "points"),
     [
         ("deletion_vectors = false", POINTS),
-        # the table's deletions by one delta-spark MERGE: killed after the feature was
-        # enabled and before the MERGE, and after it
-        ("rewrite_copy_rows = 0", ["vectors_enabled", "table_committed"]),
+        # the table's deletions marked by the driver: killed after the feature was enabled,
+        # with the inserted rows staged, and after the commit
+        ("deletion_vectors = true", ["vectors_enabled", "vectors_staged", "table_committed"]),
+        # by one delta-spark MERGE: killed before the MERGE, and after it
+        ("rewrite_copy_rows = 0\ndriver_rewrite_rows = 0", ["vectors_enabled", "table_committed"]),
     ],
-    ids=["files rewritten", "deletion vectors"],
+    ids=["files rewritten", "deletion vectors by the driver", "deletion vectors by delta-spark"],
 )
 def test_killed_refreshes_rerun_exactly_once(spark, make_project, tmp_path, policy, points):
     lake = JoinLake(tmp_path / "data", 8)

@@ -70,26 +70,42 @@ class Way:
 
     @property
     def vectors(self) -> bool:
+        return self.rewrite in (Strategy.DELETE_BY_VECTORS, Strategy.VECTORS_BY_DRIVER)
+
+    @property
+    def merge(self) -> bool:
+        """A delta-spark MERGE, which deletes every copy of a row and puts the rest back."""
         return self.rewrite is Strategy.DELETE_BY_VECTORS
 
 
 @pytest.fixture(
-    params=["spark", "sized", "driver", "vectors"],
-    ids=["by Spark", "sized on the driver", "rewritten by the driver", "deletion vectors"],
+    params=["spark", "sized", "driver", "vectors", "driver vectors"],
+    ids=[
+        "by Spark",
+        "sized on the driver",
+        "rewritten by the driver",
+        "deletion vectors",
+        "deletion vectors by the driver",
+    ],
 )
 def way(request: pytest.FixtureRequest) -> Iterator[Way]:
-    """The four ways a change reaches the table: sized and its files found by Spark jobs;
+    """The five ways a change reaches the table: sized and its files found by Spark jobs;
     sized on the driver and the files rewritten by Spark; both on the driver; deletions
-    marked in deletion vectors by delta-spark (sized on the driver)."""
+    marked in deletion vectors by delta-spark (sized on the driver), or by the driver."""
     if request.param == "sized":
         with ivm.policy.using(driver_rewrite_rows=0):
             yield Way(True, Strategy.REWRITE_BY_SPARK)
     elif request.param == "vectors":
-        with ivm.policy.using(rewrite_copy_rows=0):
+        with ivm.policy.using(rewrite_copy_rows=0, driver_rewrite_rows=0):
             yield Way(True, Strategy.DELETE_BY_VECTORS)
+    elif request.param == "driver vectors":
+        with ivm.policy.using(rewrite_copy_rows=0):
+            yield Way(True, Strategy.VECTORS_BY_DRIVER)
+    elif request.param == "driver":
+        with ivm.policy.using(deletion_vectors=False):
+            yield Way(True, Strategy.REWRITE_BY_DRIVER)
     else:
-        local = request.param == "driver"
-        yield Way(local, Strategy.REWRITE_BY_DRIVER if local else Strategy.REWRITE_BY_SPARK)
+        yield Way(False, Strategy.REWRITE_BY_SPARK)
 
 
 def contents(uri: str) -> Counter:
@@ -124,8 +140,9 @@ SMALL_REWRITE = Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driv
         (Known(overwrite=True, deleted=3), Policy(), "APPEND_BY_SPARK"),
         (Known(deleted=0, sized_on_driver=True), Policy(), "APPEND_BY_SPARK"),
         (Known(deleted=1, candidates=0, sized_on_driver=True), Policy(), "REFUSE"),
-        (SMALL_REWRITE, Policy(), "REWRITE_BY_DRIVER"),
-        (SMALL_REWRITE, Policy(driver_rewrite_rows=100), "REWRITE_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(), "VECTORS_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(driver_rewrite_rows=100), "VECTORS_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(deletion_vectors=False), "REWRITE_BY_DRIVER"),
         (SMALL_REWRITE, Policy(driver_rewrite_rows=99), "REWRITE_BY_SPARK"),
         (SMALL_REWRITE, Policy(driver=False), "REWRITE_BY_SPARK"),
         (SMALL_REWRITE, Policy.spark_only(), "REWRITE_BY_SPARK"),
@@ -135,15 +152,26 @@ SMALL_REWRITE = Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driv
             Policy(rewrite_copy_rows=0),
             "REWRITE_BY_SPARK",
         ),
-        (SMALL_REWRITE, Policy(rewrite_copy_rows=100), "REWRITE_BY_DRIVER"),
-        (SMALL_REWRITE, Policy(rewrite_copy_rows=99), "DELETE_BY_VECTORS"),
-        (SMALL_REWRITE, Policy.spark_only(rewrite_copy_rows=0), "DELETE_BY_VECTORS"),
-        (replace(SMALL_REWRITE, vectored=1), Policy(), "DELETE_BY_VECTORS"),
-        (replace(SMALL_REWRITE, vectored=1), Policy(deletion_vectors=False), "DELETE_BY_VECTORS"),
+        (SMALL_REWRITE, Policy(rewrite_copy_rows=100), "VECTORS_BY_DRIVER"),
+        (SMALL_REWRITE, Policy(rewrite_copy_rows=99, driver_rewrite_rows=99), "DELETE_BY_VECTORS"),
         (
-            replace(SMALL_REWRITE, comparable=False),
+            replace(SMALL_REWRITE, vector_writer="the table has feature rowTracking"),
             Policy(rewrite_copy_rows=0),
-            "REWRITE_BY_DRIVER",
+            "DELETE_BY_VECTORS",
+        ),
+        (
+            replace(SMALL_REWRITE, sized_on_driver=False),
+            Policy(rewrite_copy_rows=0),
+            "DELETE_BY_VECTORS",
+        ),
+        (SMALL_REWRITE, Policy.spark_only(rewrite_copy_rows=0), "DELETE_BY_VECTORS"),
+        (replace(SMALL_REWRITE, vectored=1), Policy(), "VECTORS_BY_DRIVER"),
+        (replace(SMALL_REWRITE, vectored=1), Policy(deletion_vectors=False), "DELETE_BY_VECTORS"),
+        (replace(SMALL_REWRITE, vectored=1, exact=False), Policy(), "DELETE_BY_VECTORS"),
+        (
+            replace(SMALL_REWRITE, comparable=False, exact=False),
+            Policy(rewrite_copy_rows=0),
+            "REWRITE_BY_SPARK",
         ),
         (
             Known(deleted=1, candidates=2, candidate_rows=100, sized_on_driver=True, exact=False),
@@ -188,8 +216,10 @@ def test_deletes_rewrite_only_the_files_that_may_hold_them(spark, tmp_path: Path
     )
     assert change.choice is not None and change.choice.strategy is way.rewrite
     assert (change.inserted, change.deleted) == (1, 3)
-    if way.vectors:  # every copy of (1, a), (None, n), (11, y) deleted; 2 + 1 + 1 put back
+    if way.merge:  # every copy of (1, a), (None, n), (11, y) deleted; 2 + 1 + 1 put back
         assert (change.files_rewritten, change.rows_rewritten) == (0, 4)
+    elif way.vectors:  # the driver marks exactly the copies deleted
+        assert (change.files_rewritten, change.rows_rewritten) == (0, 0)
     else:
         # A NULL key is deleted, so only names prune: the file of epoch 3 (names z1-z2) is
         # outside the deleted rows' range (a-y) and stays untouched.
@@ -277,11 +307,12 @@ def test_a_rewrite_sized_on_the_driver_reads_its_files_once(spark, tmp_path: Pat
 
 
 def test_a_rewrite_by_the_driver_runs_no_job_and_keeps_the_files_no_deletion_hits(
-    spark, tmp_path: Path
+    spark, tmp_path: Path, use_policy
 ) -> None:
     """The driver rewrites a small change's candidate files with no Spark job of its own; a candidate
     that the statistics could not rule out but that holds no deleted row stays as it is; a
     row held twice and deleted once is written back once; floating point goes to Spark."""
+    use_policy(deletion_vectors=False)
     from bench.scans import ScanRows
     from resources.spark import JobGroup
 
@@ -497,9 +528,12 @@ def test_nested_columns_are_written_by_spark(spark, tmp_path: Path) -> None:
     ]
 
 
-def test_a_change_the_driver_holds_is_not_collected_again(spark, tmp_path: Path) -> None:
+def test_a_change_the_driver_holds_is_not_collected_again(
+    spark, tmp_path: Path, use_policy
+) -> None:
     """A diff log's epoch written by the driver comes back with its rows (``staged``), and the
     readable table's step sizes the change from them: one Spark job fewer, the same table."""
+    use_policy(deletion_vectors=False)
     from ops.sink import append_updates
     from resources.spark import JobGroup
 
@@ -635,11 +669,12 @@ def test_an_insert_only_change_is_written_by_the_driver_as_spark_writes_it(
 
 
 def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, use_policy
 ) -> None:
     """The files the driver writes in a rewrite go to its cache of decoded files exactly as a
     read would decode them (decimals, dates, timestamps, NULLs), so the next rewrite of the
     table decodes nothing; the files a commit replaced leave the cache."""
+    use_policy(deletion_vectors=False)
     from datetime import UTC, date, datetime
     from decimal import Decimal
 
