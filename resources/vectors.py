@@ -160,45 +160,9 @@ def commit_vectors(
     if why_not is not None:
         raise LakeError(f"{table_uri}: the driver cannot write deletion vectors: {why_not}")
     root = local_path(table_uri).rstrip("/")
-    live = _live_adds(root, dt.version(), set(deletions))
-    gone = sorted(set(deletions) - set(live))
-    if gone:
-        raise CommitConflictError(f"{table_uri}: {gone[0]} left the table while it was read")
-    old = deleted_positions_of(dt, [os.path.join(root, p) for p in deletions])
     now = int(time.time() * 1000)
-    actions: list[dict[str, Any]] = []
-    dv_id = uuid.uuid4()
-    frames = bytearray(b"\x01")
-    for path in sorted(deletions):
-        add = live[path]
-        rows = _records(add, table_uri)
-        before = old.get(os.path.join(root, path), np.empty(0, np.int64))
-        new = np.asarray(deletions[path], dtype=np.int64)
-        union = np.union1d(before, new)
-        if len(union) != len(before) + len(np.unique(new)) or (len(new) and new.max() >= rows):
-            raise InvariantViolation(
-                f"{table_uri}: deleting rows of {path} that are deleted already or past its "
-                f"{rows} rows"
-            )
-        actions.append({"remove": _removal(add, now)})
-        if len(union) == rows:
-            continue  # every row deleted: the file leaves the table
-        data = bitmap(union)
-        offset = len(frames)
-        frames += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
-        descriptor = {
-            "storageType": "u",
-            "pathOrInlineDv": z85(dv_id.bytes),
-            "offset": offset,
-            "sizeInBytes": len(data),
-            "cardinality": len(union),
-        }
-        actions.append({"add": _readded(add, descriptor)})
-    for a in adds:
-        actions.append({"add": _added(a)})
-    if len(frames) > 1:
-        with open(os.path.join(root, f"deletion_vector_{dv_id}.bin"), "wb") as fh:
-            fh.write(frames)
+    actions = _marked_files(table_uri, dt, deletions, now)
+    actions += [{"add": _added(a)} for a in adds]
     commit_info = {
         "timestamp": now,
         "operation": "DELETE",
@@ -219,6 +183,56 @@ def commit_vectors(
     result.files_removed = sum(1 for a in actions if "remove" in a)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _marked_files(
+    table_uri: str, dt: DeltaTable, deletions: Mapping[str, np.ndarray], now: int
+) -> list[dict[str, Any]]:
+    """The actions marking ``deletions`` in ``dt``'s snapshot: per file, the ``remove`` of
+    its live ``add`` and the file again with the union of its old and new positions (none
+    when that is all its rows), the vectors written to one new file beside the data.
+
+    Raises:
+        CommitConflictError: a file is no longer in the table.
+        InvariantViolation: a position is already deleted or past the file's rows.
+    """
+    root = local_path(table_uri).rstrip("/")
+    live = _live_adds(root, dt.version(), set(deletions))
+    gone = sorted(set(deletions) - set(live))
+    if gone:
+        raise CommitConflictError(f"{table_uri}: {gone[0]} left the table while it was read")
+    old = deleted_positions_of(dt, [os.path.join(root, p) for p in deletions])
+    actions: list[dict[str, Any]] = []
+    dv_id = uuid.uuid4()
+    frames = bytearray(b"\x01")
+    for path in sorted(deletions):
+        add = live[path]
+        rows = _records(add, table_uri)
+        before = old.get(os.path.join(root, path), np.empty(0, np.int64))
+        new = np.asarray(deletions[path], dtype=np.int64)
+        union = np.union1d(before, new)
+        if len(union) != len(before) + len(np.unique(new)) or (len(new) and new.max() >= rows):
+            raise InvariantViolation(
+                f"{table_uri}: deleting rows of {path} that are deleted already or past its "
+                f"{rows} rows"
+            )
+        actions.append({"remove": _removal(add, now)})
+        if len(union) == rows:
+            continue  # every row deleted: the file leaves the table
+        data = bitmap(union)
+        descriptor = {
+            "storageType": "u",
+            "pathOrInlineDv": z85(dv_id.bytes),
+            "offset": len(frames),
+            "sizeInBytes": len(data),
+            "cardinality": len(union),
+        }
+        frames += struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data))
+        actions.append({"add": _readded(add, descriptor)})
+    if len(frames) > 1:
+        with open(os.path.join(root, f"deletion_vector_{dv_id}.bin"), "wb") as fh:
+            fh.write(frames)
+    return actions
 
 
 def _records(add: Mapping[str, Any], table_uri: str) -> int:

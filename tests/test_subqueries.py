@@ -1,9 +1,10 @@
 """Subqueries made joins, against both oracles: correlated scalar subqueries (in WHERE and in
-the SELECT list, correlated or not, in HAVING), EXISTS and IN in joins, NOT EXISTS and NOT IN
-over joins, EXISTS and NOT EXISTS correlated by <>, < or > besides equalities, joined
-subqueries that aggregate (internal views), ``JOIN ... USING``, ``NATURAL JOIN`` and keys
-written in every branch of an OR; over customers <- orders <- lines with NULL keys, hot keys,
-duplicates and rows that stop and start matching (``tests.lakegen.JoinLake``).
+the SELECT list, of a grouped query too, correlated or not, in HAVING), EXISTS and IN in
+joins, NOT EXISTS and NOT IN over joins, EXISTS, NOT EXISTS and IN correlated by <>, < or >
+besides equalities or alone, joined subqueries that aggregate (internal views), ``JOIN ...
+USING``, ``NATURAL JOIN`` and keys written in every branch of an OR; over customers <- orders
+<- lines with NULL keys, hot keys, duplicates and rows that stop and start matching
+(``tests.lakegen.JoinLake``).
 
 After every epoch each view equals DuckDB's and Spark's from-scratch results of its own SQL
 (the SQL as written: neither oracle sees the rewrite), on the driver's path and on Spark's.
@@ -105,6 +106,29 @@ VIEWS = {
         SELECT c.c_name, o.o_id FROM customers c JOIN orders o ON o.o_cust = c.c_id
         WHERE EXISTS (SELECT * FROM lines l WHERE l.l_order = o.o_id AND l.l_qty > o.o_total / 100)
     """,
+    "orders_under_some_line": """
+        CREATE VIEW orders_under_some_line AS
+        SELECT o_id, o_total FROM orders o
+        WHERE EXISTS (SELECT * FROM lines l WHERE l.l_price * 3 > o.o_total)
+    """,
+    # a subquery empty in some epochs (its span NULL) and not in others
+    "orders_above_big_lines": """
+        CREATE VIEW orders_above_big_lines AS
+        SELECT o_id, o_status FROM orders o
+        WHERE NOT EXISTS (SELECT * FROM lines l
+                          WHERE l.l_qty >= 49 AND l.l_no = 1 AND o.o_total <= l.l_price * 20)
+    """,
+    "orders_in_cheaper_lines": """
+        CREATE VIEW orders_in_cheaper_lines AS
+        SELECT o_id, o_cust FROM orders o
+        WHERE o.o_id IN (SELECT l_order FROM lines l WHERE l.l_price * 2 < o.o_total)
+    """,
+    # (a correlated one Spark refuses: SCALAR_SUBQUERY_IS_IN_GROUP_BY_OR_AGGREGATE_FUNCTION)
+    "status_totals_beside_lines": """
+        CREATE VIEW status_totals_beside_lines AS
+        SELECT o_status, count(*) AS n, (SELECT count(*) FROM lines) + count(*) AS with_lines
+        FROM orders GROUP BY o_status
+    """,
     "orders_per_customer": """
         CREATE VIEW orders_per_customer AS
         SELECT c.c_name, t.n, t.total
@@ -145,8 +169,11 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
     # 2 + 2 scalar, 2 + 1 IN/EXISTS, 2 joins under NOT EXISTS/NOT IN, 1 derived table, 2
     # uncorrelated scalars with 2 outer inputs carrying their constant (1 of them groups), 4
-    # EXISTS/NOT EXISTS correlated by <>, < or > (their value spans)
-    assert len(internal) == 18, internal
+    # EXISTS/NOT EXISTS correlated by <>, < or > (their value spans), 3 EXISTS, NOT EXISTS
+    # and IN correlated by a comparison alone or beside IN's value (their spans; the outer
+    # table carrying the constant is shared), a grouped query with a scalar subquery in its
+    # SELECT list (its groups and its subquery)
+    assert len(internal) == 24, internal
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
     paths = ["driver", "spark"] * batches(4, bound=1)

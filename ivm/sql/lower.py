@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
+from functools import partial
 from typing import Literal
 
 from sqlglot import exp
@@ -74,6 +75,7 @@ from ivm.sql.subqueries import (
     decorrelate_select_list,
     lift_having,
     nested_semis,
+    outer_reads,
     scalar_operand,
     select_subqueries,
     semi_operand,
@@ -195,7 +197,8 @@ class _Lowerer(ReduceLowering):
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
-        for lift in (lift_having, lift_grouped):  # a grouped query as a derived table
+        reads = outer_reads(self._inner_columns(ctes))
+        for lift in (lift_having, partial(lift_grouped, outer_reads=reads)):  # groups derived
             try:
                 lifted = lift(s)
             except (SubqueryRefused, WindowRefused) as e:
@@ -1157,7 +1160,8 @@ class _Lowerer(ReduceLowering):
             else:
                 raise self.unsupported(
                     f"condition {original.sql(dialect='spark')!r} inside {kind} (use "
-                    "equalities with the outer row and conditions on the subquery's own columns)",
+                    "equalities with the outer row, at most one other comparison with it, and "
+                    "conditions on the subquery's own columns)",
                     original,
                 )
         return keys, inner_filters

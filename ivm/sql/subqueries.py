@@ -81,13 +81,13 @@ def _scalar_side(conjunct: exp.Expression) -> tuple[exp.Subquery, bool] | None:
     """:func:`scalar_operand`, and whether it is in the comparison's left side."""
     if not isinstance(conjunct, _COMPARISONS):
         return None
-    left, right = (_scalar_subqueries(x) for x in (conjunct.this, conjunct.expression))
+    left, right = (scalar_subqueries(x) for x in (conjunct.this, conjunct.expression))
     if len(left) + len(right) != 1:
         return None
     return (left[0], True) if left else (right[0], False)
 
 
-def _scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
+def scalar_subqueries(e: exp.Expression) -> list[exp.Subquery]:
     """The scalar subqueries in ``e``'s own scope (not inside other subqueries)."""
     out, pending = [], [e]
     while pending:
@@ -103,7 +103,7 @@ def _with_value(conjunct: exp.Expression, value: exp.Expression) -> exp.Expressi
     """A copy of a comparison with its scalar subquery replaced by ``value``."""
     _, left = _scalar_side(conjunct)
     out = conjunct.copy()
-    (sub,) = _scalar_subqueries(out.this if left else out.expression)
+    (sub,) = scalar_subqueries(out.this if left else out.expression)
     sub.replace(value)
     return out
 
@@ -184,9 +184,9 @@ def decorrelate(
         else:
             q, probe = semi
             derived, keys, bound = _distinct(q, probe, inner_columns(q), c)
-            if not keys and probe is None:  # uncorrelated EXISTS: every outer row carries 1
+            if not keys and probe is None:  # no equality: every outer row carries 1
                 keys = [exp.column(ONE, table=_wrap_for_constant(out))]
-            if probe is not None:
+            if probe is not None and bound is None:
                 kept.append(exp.EQ(this=exp.column("_v", table=alias), expression=probe.copy()))
             if bound is not None:
                 kept.append(bound.holds(alias))
@@ -411,10 +411,12 @@ def _distinct(
     grouped = any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify"))
     if probe is not None and len(q.expressions) != 1:
         raise _refuse(f"{what} selecting several columns", at)
-    local, inner_keys, outer_keys, bound = _correlation(q, inner, what, bounded=probe is None)
+    local, inner_keys, outer_keys, bound = _correlation(q, inner, what, bounded=True)
+    if bound is not None and probe is not None:  # x IN (q) is EXISTS (q WHERE value = x)
+        value = q.expressions[0]
+        inner_keys.append((value.this if isinstance(value, exp.Alias) else value).copy())
+        outer_keys.append(probe.copy())
     if bound is not None:
-        if not inner_keys:
-            raise bound.without_equality(what)
         if grouped:
             raise _refuse(f"{what} with GROUP BY, HAVING, LIMIT or DISTINCT and correlated", at)
         return _spans(q, local, inner_keys, bound), outer_keys, bound
@@ -450,22 +452,40 @@ def _spans(
 ) -> exp.Select:
     """``q``'s rows grouped by its correlation keys (``_k<i>``) with the least and greatest
     non-NULL value of the bound's inner side (``_mn``, ``_mx``): what :meth:`Bound.holds`
-    reads. One row per key, so joining it keeps each outer row once."""
+    reads. One row per key, so joining it keeps each outer row once. Correlated by the
+    comparison alone: the one span of the whole subquery, with ``_k0 = 1`` (an aggregate
+    without GROUP BY has one row even over no rows, its span NULL), for the outer rows to
+    join on the constant they carry (:func:`_wrap_for_constant`)."""
     value = bound.inner
     derived = exp.select(
-        *(k.copy().as_(f"_k{i}") for i, k in enumerate(keys)),
+        *(k.copy().as_(f"_k{i}") for i, k in enumerate(keys or [exp.Literal.number(1)])),
         exp.Min(this=value.copy()).as_("_mn"),
         exp.Max(this=value.copy()).as_("_mx"),
     )
     present = exp.Not(this=exp.Is(this=value.copy(), expression=exp.null()))
     _read_as(derived, q, [*local, present])
-    derived.set("group", exp.Group(expressions=[k.copy() for k in keys]))
+    if keys:
+        derived.set("group", exp.Group(expressions=[k.copy() for k in keys]))
     return derived
+
+
+def outer_reads(inner_columns: InnerColumns) -> Callable[[exp.Subquery], list[exp.Column]]:
+    """For a scalar subquery, the columns it reads of the query around it (its correlation:
+    those none of its own FROM items has), by ``inner_columns``."""
+
+    def reads(sub: exp.Subquery) -> list[exp.Column]:
+        q = _select_of(sub)
+        if q is None:
+            return []
+        qualifiers, columns = inner_columns(q)
+        return [c for c in own_columns(q) if not _is_inner(c, qualifiers, columns)]
+
+    return reads
 
 
 def select_subqueries(select: exp.Select) -> list[exp.Subquery]:
     """The scalar subqueries in ``select``'s SELECT list (not inside nested subqueries)."""
-    return [sub for item in select.expressions for sub in _scalar_subqueries(item)]
+    return [sub for item in select.expressions for sub in scalar_subqueries(item)]
 
 
 def decorrelate_select_list(
@@ -822,10 +842,11 @@ def lift_having(select: exp.Select) -> exp.Select | None:
 
 
 def bounded_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:
-    """Whether ``conjunct`` is ``[NOT] EXISTS (q)`` with ``q`` correlated by a comparison other
-    than equality (:class:`Bound`), besides equalities."""
+    """Whether ``conjunct`` is ``[NOT] EXISTS (q)`` or ``x IN (q)`` with ``q`` correlated by
+    a comparison other than equality (:class:`Bound`), besides any equalities."""
     found = subquery_predicate(conjunct)
-    q = _select_of(found[1]) if found is not None and found[0].endswith("EXISTS") else None
+    kinds = ("EXISTS", "NOT EXISTS", "IN")
+    q = _select_of(found[1]) if found is not None and found[0] in kinds else None
     if q is None:
         return False
     try:
@@ -861,12 +882,12 @@ def anti_bounded(
         q = _subquery_of(c)
         local, keys, outer_keys, bound = _correlation(q, inner_columns(q), "", bounded=True)
         assert bound is not None  # bounded_exists
-        if not keys:
-            raise bound.without_equality("a NOT EXISTS subquery")
         if any(q.args.get(k) for k in ("group", "having", "limit", "distinct")):
             raise _refuse("a NOT EXISTS subquery with GROUP BY, HAVING, LIMIT or DISTINCT", c)
         alias = f"{HIDDEN_PREFIX}{number}"
         number += 1
+        if not keys:  # the whole subquery's one span, joined on the constant
+            outer_keys = [exp.column(ONE, table=_wrap_for_constant(out))]
         on = exp.and_(*_key_equalities(alias, outer_keys))
         table = exp.Subquery(
             this=_spans(q, local, keys, bound), alias=exp.TableAlias(this=exp.to_identifier(alias))
@@ -874,7 +895,12 @@ def anti_bounded(
         joins.append(exp.Join(this=table, side="LEFT", on=on))
         unmatched = exp.Is(this=exp.column("_k0", table=alias), expression=exp.null())
         unknown = exp.Is(this=bound.outer.copy(), expression=exp.null())
-        kept.append(exp.Paren(this=exp.or_(unmatched, unknown, bound.holds(alias, negated=True))))
+        # the whole subquery's span is NULL when it has no value (it is a row all the same)
+        empty = exp.Is(this=exp.column("_mn", table=alias), expression=exp.null())
+        none = bound.holds(alias, negated=True)
+        kept.append(
+            exp.Paren(this=exp.or_(unmatched, unknown, *([empty] if not keys else []), none))
+        )
     out.set("joins", joins)
     out.set("where", exp.Where(this=exp.and_(*kept)))
     return out, number - first_number

@@ -25,6 +25,7 @@ from sqlglot import exp
 from ivm.errors import IvmError
 from ivm.plan.ir import Filter, Node, Window, WindowCall, window_function
 from ivm.sql.scope import LoweringContext, Scope, is_aggregate
+from ivm.sql.subqueries import scalar_subqueries
 
 AGGREGATES = (
     exp.Count,
@@ -90,14 +91,20 @@ class WindowRefused(IvmError):
         self.construct, self.at = construct, at
 
 
-def lift_grouped(s: exp.Select) -> exp.Select | None:
+OuterReads = Callable[[exp.Subquery], list[exp.Column]]
+"""A scalar subquery -> the columns it reads of the query around it (its correlation)."""
+
+
+def lift_grouped(s: exp.Select, outer_reads: OuterReads | None = None) -> exp.Select | None:
     """A grouped query with window calls, ``SELECT g, sum(x) AS s, rank() OVER (ORDER BY
     sum(x) DESC) AS r FROM t GROUP BY g``, as windows over its groups: ``SELECT g, s,
     rank() OVER (ORDER BY _ivm_wg.__w0 DESC) AS r FROM (SELECT g, sum(x) AS s, sum(x) AS
     __w0 FROM t GROUP BY g) AS _ivm_wg``. In the items and QUALIFY that hold window calls,
     every aggregate and every column outside one (a group key) becomes a column of the
-    groups (``__w<n>``), except the window's own function. None when ``s`` groups nothing
-    or has no window call.
+    groups (``__w<n>``), except the window's own function. With ``outer_reads``, a scalar
+    subquery in the SELECT list lifts the same way, its reads of the grouped query (by
+    ``outer_reads``) becoming columns of the groups: it is then a subquery over a derived
+    table. None when ``s`` groups nothing or has neither.
 
     Raises:
         WindowRefused: an output without a name, or ORDER BY reading an aggregate.
@@ -107,30 +114,40 @@ def lift_grouped(s: exp.Select) -> exp.Select | None:
         for i in s.expressions
         for n in i.walk(prune=lambda n: isinstance(n, (exp.Window, exp.Subquery)))
     )
-    if not grouped or not window_calls(s):
+
+    def lifts(e: exp.Expression) -> bool:
+        return bool(windows_in(e)) or (outer_reads is not None and bool(scalar_subqueries(e)))
+
+    if not grouped or not (window_calls(s) or any(lifts(i) for i in s.expressions)):
         return None
     hidden: list[exp.Expression] = []
     outputs = {i.alias_or_name.lower() for i in s.expressions if isinstance(i, exp.Alias)}
 
     def lifted(e: exp.Expression, aliases: frozenset[str] = frozenset()) -> exp.Expression:
-        return _over_groups(e.copy(), None, hidden, aliases)
+        return _over_groups(e.copy(), None, hidden, aliases, outer_reads)
 
     outer_items, inner_items = [], []
     for item in s.expressions:
-        if not windows_in(item):
+        if not lifts(item):
             if not isinstance(item, (exp.Alias, exp.Column)) or isinstance(item.this, exp.Star):
-                raise WindowRefused("a grouped query with window calls and an unnamed item", item)
+                raise WindowRefused(
+                    "a grouped query with window calls or subqueries and an unnamed item", item
+                )
             inner_items.append(item.copy())
             outer_items.append(exp.column(item.alias_or_name, table=GROUPS))
             continue
         if not isinstance(item, exp.Alias):
-            raise WindowRefused("a window call without a name (add AS name)", item)
-        outer_items.append(lifted(item.this).as_(item.alias))
+            what = "a window call" if windows_in(item) else "a scalar subquery"
+            raise WindowRefused(f"{what} without a name (add AS name)", item)
+        # an Alias node: ``as_`` of a subquery would name the subquery, not the item
+        outer_items.append(exp.Alias(this=lifted(item.this), alias=item.args["alias"].copy()))
     qualify = s.args.get("qualify")
     outer_qualify = lifted(qualify.this, frozenset(outputs)) if qualify is not None else None
     order = s.args.get("order")
     if order is not None and any(is_aggregate(n) for n in order.walk()):
-        raise WindowRefused("ORDER BY an aggregate in a grouped query with window calls", order)
+        raise WindowRefused(
+            "ORDER BY an aggregate in a grouped query with window calls or subqueries", order
+        )
     inner = s.copy()
     for key in ("qualify", "order", "limit", "offset", "distinct"):
         inner.set(key, None)
@@ -151,22 +168,38 @@ def _over_groups(
     own: exp.Expression | None,
     hidden: list[exp.Expression],
     aliases: frozenset[str],
+    outer_reads: OuterReads | None = None,
 ) -> exp.Expression:
     """``n`` (a copy, changed in place) over the groups of :func:`lift_grouped`: each
     aggregate and bare column (not one of the SELECT list's ``aliases``, nor ``own``, the
-    window function being read) appended to ``hidden`` as ``__w<i>`` and read from there."""
+    window function being read) appended to ``hidden`` as ``__w<i>`` and read from there;
+    in a scalar subquery, only its reads of the grouped query (``outer_reads``)."""
+
+    def hide(e: exp.Expression) -> exp.Expression:
+        hidden.append(e.copy().as_(f"__w{len(hidden)}"))
+        return exp.column(f"__w{len(hidden) - 1}", table=GROUPS)
+
+    if isinstance(n, exp.Subquery) and outer_reads is not None:
+        reads = outer_reads(n)
+        for col in reads:
+            agg = col.find_ancestor(exp.AggFunc, exp.Subquery)  # the grouped query's own?
+            if isinstance(agg, exp.AggFunc) and all(c in reads for c in agg.find_all(exp.Column)):
+                raise WindowRefused("an aggregate of the grouped query inside its subquery", col)
+            col.replace(hide(col))
+        return n
     named = isinstance(n, exp.Column) and not n.table and n.name.lower() in aliases
     if n is not own and not named and (is_aggregate(n) or isinstance(n, exp.Column)):
-        hidden.append(n.copy().as_(f"__w{len(hidden)}"))
-        return exp.column(f"__w{len(hidden) - 1}", table=GROUPS)
+        return hide(n)
     if isinstance(n, exp.Window):  # its function stays; what it reads is lifted
         own = window_function(n)
     for key, value in list(n.args.items()):
         if isinstance(value, exp.Expression):
-            n.set(key, _over_groups(value, own, hidden, aliases))
+            n.set(key, _over_groups(value, own, hidden, aliases, outer_reads))
         elif isinstance(value, list):
             items = [
-                _over_groups(v, own, hidden, aliases) if isinstance(v, exp.Expression) else v
+                _over_groups(v, own, hidden, aliases, outer_reads)
+                if isinstance(v, exp.Expression)
+                else v
                 for v in value
             ]
             n.set(key, items)

@@ -58,8 +58,8 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM cus
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
 -- case: two NOT IN over a join, one grouped
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer GROUP BY c_custkey) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
--- case: non-equi correlation
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey)
+-- case: NOT IN correlated by a comparison
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_acctbal > o.o_totalprice)
 -- case: nondeterministic
 CREATE VIEW v AS SELECT o_orderkey, rand() AS r FROM orders
 -- case: current_date
@@ -98,5 +98,5 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE size(o_orderkey) > (SELEC
 CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
 -- case: reserved column prefix
 CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
--- case: a scalar subquery in the select list of a grouped query
-CREATE VIEW v AS SELECT c_name, count(*) AS n, (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = c.c_custkey) AS a FROM customer c GROUP BY c_name, c_custkey
+-- case: a scalar subquery in the select list of a grouped query, reading its aggregate
+CREATE VIEW v AS SELECT c_name, count(*) AS n, (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = max(c.c_custkey)) AS a FROM customer c GROUP BY c_name
