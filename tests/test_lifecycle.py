@@ -20,7 +20,14 @@ from engine.oracle import compare_views, log_multiset, table_multiset
 from engine.refresh import REFRESH_SECONDS
 from ivm import policy
 from ivm.errors import ChangeFeedError, SqlError
-from resources.lake import commit_files, commit_history, last_commit_metadata, open_table
+from resources.lake import (
+    commit_files,
+    commit_history,
+    last_commit_metadata,
+    open_table,
+    snapshot_rows,
+    table_files,
+)
 from resources.spark import JobGroup
 
 pytestmark = pytest.mark.spark
@@ -518,7 +525,8 @@ def test_views_refreshed_at_once_share_arrangements_and_wait_for_their_inputs(
             assert on_disk == committed, f"{key}: a second writer staged files nobody committed"
     # A view that fails at run time: the views that read it are skipped, the rest refresh.
     table = engine.layout.view_table("sums")
-    write_deltalake(table, DeltaTable(table).to_pyarrow_table().slice(0, 0), mode="overwrite")
+    empty = snapshot_rows(DeltaTable(table)).slice(0, 0)  # its rows carry deletion vectors
+    write_deltalake(table, empty, mode="overwrite")
     DeltaTable(src).update({"v": "v + 1"}, predicate="grp = 'a'")
     report = engine.refresh()
     status = {v.view: v.status for v in report.views}
@@ -603,12 +611,13 @@ def test_a_change_above_recompute_above_recomputes_the_view(spark, make_project,
 
 
 def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
-    spark, make_project, src, monkeypatch
+    spark, make_project, src, monkeypatch, use_policy
 ) -> None:
     """A first build and an epoch that only adds rows are known from the log files' ``_diff``
-    statistics to delete nothing: the table gets new files and no pass counts the change
-    first. An epoch that deletes still counts and rewrites. A build does not sum equal rows
-    (it would shuffle the whole view to merge duplicates): its log holds each row once."""
+        statistics to delete nothing: the table gets new files and no pass counts the change
+        first. An epoch that deletes still counts, and marks deletion vectors (or, with them off,
+    rewrites). A build does not sum equal rows
+        (it would shuffle the whole view to merge duplicates): its log holds each row once."""
     counted: list[str] = []
     for name in ("_summary", "_summary_local"):  # by Spark, or on the driver
         real = getattr(ops.sink, name)
@@ -637,13 +646,24 @@ def test_a_change_of_insertions_only_is_appended_without_a_counting_pass(
     write_deltalake(src, rows((7, "a", 70)), mode="append")
     report = engine.refresh()
     # Deletions: counted (on the driver: the log files' row counts bound the change), and
-    # their files rewritten; the result says how many and how many rows they held.
+    # marked in deletion vectors: no file rewritten, and the result says so.
     assert report.ok and counted and set(counted) == {"_summary_local"}
     big = next(v for v in report.views if v.view == "big")
     assert (big.inserted, big.deleted) == (1, 2)
+    assert set(held) <= set(_file_rows(table))
+    assert (big.files_rewritten, big.rows_rewritten) == (0, 0)
+    assert big.metadata()["table_rows_rewritten"] == 0
+    assert sum(f.deleted for f in table_files(table)) == 2
+    assert_correct(engine)
+    # Without deletion vectors their files are rewritten: how many, and the rows they held.
+    use_policy(deletion_vectors=False)
+    held = _file_rows(table)
+    DeltaTable(src).delete("k = 7")  # in a file without a vector (one with is Delta's)
+    report = engine.refresh()
+    big = next(v for v in report.views if v.view == "big")
     replaced = set(held) - set(_file_rows(table))
     assert replaced and big.files_rewritten == len(replaced)
-    assert big.rows_rewritten == sum(held[f] for f in replaced) >= 2
+    assert big.rows_rewritten == sum(held[f] for f in replaced) >= 1
     assert big.metadata()["table_rows_rewritten"] == big.rows_rewritten
     assert_correct(engine)
 
