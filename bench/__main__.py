@@ -280,7 +280,11 @@ def _view_costs(result) -> dict[str, float]:
         "changed": result.rows_changed,
         "rewritten": result.rows_rewritten,
         "written": result.inserted + result.rows_rewritten,
-        "vectors": float((result.table_write or "").startswith(Strategy.DELETE_BY_VECTORS.value)),
+        "vectors": float(
+            (result.table_write or "").startswith(
+                (Strategy.DELETE_BY_VECTORS.value, Strategy.VECTORS_BY_DRIVER.value)
+            )
+        ),
     }
 
 
@@ -709,9 +713,9 @@ def _time_table(results: list[ScaleResult]) -> list[str]:
         "run several at once on 2 cores, so they add up to more than the refresh), split into "
         "computing and logging its updates (*log*: lookups, state, the diff-log commit; "
         "arrangements it is the first to need) and applying them to its "
-        "readable table (*table*: inserted rows appended; deleted rows removed by rewriting "
-        "the files that hold them while that copies fewer than `rewrite_copy_rows` rows, "
-        "else marked in deletion vectors by one delta-spark MERGE), with the rows it changed, "
+        "readable table (*table*: inserted rows appended; deleted rows marked in deletion "
+        "vectors by the driver, or by one delta-spark MERGE for changes it does not count, or "
+        "rewritten where vectors are off), with the rows it changed, "
         "the rows written that it did not insert (rewritten files' rows) and the share of "
         "refreshes whose deletions went to deletion vectors:",
         "",
@@ -766,9 +770,8 @@ def _refresh_gap(r: ScaleResult) -> str:
         f"full recompute's {r.median('full_read'):,.0f}; and "
         f"{table / total if total else 0:.0%} of "
         f"the views' seconds go to applying their changes to the readable tables "
-        f"({_views_total(r, 'rewritten'):,.0f} rows rewritten per refresh; a rewrite is kept "
-        "while it copies fewer than `rewrite_copy_rows` rows, where it measured faster than "
-        "a delta-spark MERGE with deletion vectors: `python -m bench.sink`)."
+        f"({_views_total(r, 'rewritten'):,.0f} rows rewritten per refresh; deletions are "
+        "marked in deletion vectors by the driver: `python -m bench.sink`)."
     )
 
 
