@@ -81,7 +81,7 @@ def test_the_report_splits_each_view_s_time_and_names_what_grows_with_the_tables
     assert "200 Spark jobs (the full recompute 20), 25 ms of its wall time per job" in text
     assert "they scan 100,000 rows against the full recompute's 4,000,000" in text
     assert "50% of the views' seconds go to applying their changes to the readable tables" in text
-    assert "(200,000 rows rewritten per refresh; a rewrite is kept while it copies" in text
+    assert "(200,000 rows rewritten per refresh; deletions are marked in deletion vectors" in text
 
 
 def test_the_report_keeps_what_follows_the_marker_and_replaces_what_precedes_it(
