@@ -1082,9 +1082,8 @@ def _named(
 
 def _copies(df: DataFrame, cols: Sequence[Column], n: Column) -> DataFrame:
     """Each row ``n`` times (``n`` >= 0)."""
-    return df.select(*cols, F.explode(F.array_repeat(F.lit(1), n.cast("int"))).alias("_n")).select(
-        *cols
-    )
+    repeated = F.explode(F.array_repeat(F.lit(1), n.cast("int"))).alias(f"{SCRATCH}copy")
+    return df.select(*cols, repeated).select(*cols)
 
 
 @dataclass

@@ -780,3 +780,31 @@ def test_deletion_vectors_for_a_change_counted_by_spark(spark, tmp_path: Path) -
     )
     assert contents(uri) == spark_contents(spark, uri) == expected
     assert any(f.deleted for f in table_files(uri))
+
+
+def test_columns_named_like_scratch_columns_are_written_by_spark(spark, tmp_path: Path) -> None:
+    """A view's column named ``_n`` (a NOT IN rewrite's count is) survives Spark's rewrite,
+    whose copies of a row held twice once took that name: AMBIGUOUS_REFERENCE."""
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("k", pa.int64()), ("_n", pa.int64()), (DIFF, pa.int64())])
+
+    def apply_rows(epoch: int, *rows: tuple[int, int, int], overwrite: bool = False):
+        table = pa.Table.from_pylist(
+            [{"k": k, "_n": n, DIFF: d} for k, n, d in rows], schema=schema
+        )
+        return apply_to_table(
+            spark,
+            spark.createDataFrame(table),
+            uri,
+            app_id="test",
+            epoch=epoch,
+            metadata={},
+            label="v",
+            overwrite=overwrite,
+        )
+
+    with ivm.policy.using(Policy.spark_only()):
+        apply_rows(1, (1, 10, 2), (2, 20, 1), overwrite=True)
+        change = apply_rows(2, (1, 10, -1), (3, 30, 2))
+    assert change.choice is not None and change.choice.strategy is Strategy.REWRITE_BY_SPARK
+    assert contents(uri) == Counter({(1, 10): 1, (2, 20): 1, (3, 30): 2})

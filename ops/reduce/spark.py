@@ -805,11 +805,16 @@ def _buffered(
     return first_old, first_new
 
 
+_IN_GROUP = "_ivm_in_group"
+""":func:`_sized`'s column (the engine's prefix: no view column has it)."""
+
+
 def _sized(total: DataFrame, rows: DataFrame, keys: list[str]) -> DataFrame:
-    """``total`` (a count per group) with ``_n``: the rows of ``rows`` in the group."""
-    n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias("_n"))
+    """``total`` (a count per group) with :data:`_IN_GROUP`: the rows of ``rows`` in the
+    group."""
+    n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias(_IN_GROUP))
     joined = _join_on(total, n, keys, "left")
-    return joined.withColumn("_n", F.coalesce(_c("_n"), F.lit(0)))
+    return joined.withColumn(_IN_GROUP, F.coalesce(_c(_IN_GROUP), F.lit(0)))
 
 
 def _merged_buffers(
@@ -831,7 +836,7 @@ def _merged_buffers(
     first_old = materialize(store.read_consolidated(first_table, keys, touched, store.old, change))
     count_old = store.read_consolidated(count_table, keys, touched, store.old, counts)
     # Groups with rows ranked below their buffer (the others take every change row).
-    below = _sized(count_old, first_old, keys).where(_c(DIFF) > _c("_n"))
+    below = _sized(count_old, first_old, keys).where(_c(DIFF) > _c(_IN_GROUP))
     below = below.select(*[_c(c) for c in keys], F.lit(True).alias("_partial"))
     # Buffer rows at or after each change row (a change row sorts before an equal one).
     w = (
@@ -852,7 +857,7 @@ def _merged_buffers(
     )
     merged = materialize(merged.where(_c(DIFF) > 0))
     count_new = consolidate(count_old.unionByName(counts), keys, by_time=False)
-    short = _sized(count_new, merged, keys).where((_c("_n") < k) & (_c(DIFF) > _c("_n")))
+    short = _sized(count_new, merged, keys).where((_c(_IN_GROUP) < k) & (_c(DIFF) > _c(_IN_GROUP)))
     first_new = _first_k(merged, keys, order, k + topk_spare(node))
     short = short.select(*[_c(c) for c in keys])
     return first_old, _refilled(node, branch, short, first_new, store, order)
