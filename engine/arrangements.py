@@ -286,6 +286,7 @@ class Arrangements:
             keys,
             as_of,
             measure=self.measure_lookups,
+            null_safe=any(stage.null_safe),
             columns=columns,
         )
         stats.setdefault(str(stage.arrangement), LookupStats()).add(st)

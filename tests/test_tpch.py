@@ -164,7 +164,7 @@ def test_accepted_queries_stay_equal_to_the_oracles(
         assert engine.latest_epoch() == epoch
         computed = {v.computed_by for v in report.views}
         if path == "spark":
-            assert computed == {"spark"}, computed
+            assert computed <= {"spark", "nothing"}, computed  # nothing: no input changed
         elif path == "driver":  # small changes: the driver computes some views
             assert "driver" in computed, computed
         _check(engine, epoch, spark=epoch == len(paths) + 1)

@@ -52,8 +52,10 @@ def _pretty(text: str) -> str:
 def _join_lines(node: Join, depth: int) -> list[str]:
     pad = "  " * depth
     keys = []
-    for cls in node.equivalences:
-        keys.append(" = ".join(_pretty(c) for _, c in cls))
+    for k, cls in enumerate(node.equivalences):
+        keys.append(
+            (" <=> " if node.class_null_safe(k) else " = ").join(_pretty(c) for _, c in cls)
+        )
     kind = {(0,): "LeftOuterJoin", (1,): "RightOuterJoin", (0, 1): "FullOuterJoin"}.get(
         node.preserve, "Join"
     )
@@ -91,8 +93,7 @@ def _join_lines(node: Join, depth: int) -> list[str]:
         steps = []
         for st in path.stages:
             on = ", ".join(
-                f"{_pretty(a)} = {_pretty(b)}"
-                for a, b in zip(st.stream_keys, st.input_keys, strict=True)
+                f"{_pretty(a)} {'<=>' if same else '='} {_pretty(b)}" for a, b, same in st.matches()
             )
             step = f"⋈ {node.inputs[st.input].alias} via {st.arrangement} at {st.as_of} on {on}"
             if st.residual:

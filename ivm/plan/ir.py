@@ -208,10 +208,15 @@ class Join:
     preserve: tuple[int, ...] = ()
     """Inputs whose unmatched rows are kept, padded with NULLs: (0,) LEFT, (1,) RIGHT,
     (0, 1) FULL OUTER JOIN; outer joins have two inputs and no residual."""
+    null_safe: tuple[bool, ...] = ()
+    """Per equivalence class, whether NULL matches NULL in it (``a <=> b``); empty: none
+    does."""
 
     def __post_init__(self) -> None:
         if len(self.inputs) < 2:
             raise InvariantViolation("a join needs at least two inputs")
+        if self.null_safe and len(self.null_safe) != len(self.equivalences):
+            raise InvariantViolation("a join's null_safe flags are one per equivalence class")
         if self.preserve and (len(self.inputs) != 2 or self.residual):
             raise InvariantViolation("an outer join has two inputs and only key conditions")
         _check_unique(self.columns, "Join")
@@ -227,6 +232,10 @@ class Join:
     @property
     def columns(self) -> tuple[str, ...]:
         return tuple(c for inp in self.inputs for c in inp.columns)
+
+    def class_null_safe(self, i: int) -> bool:
+        """Whether equivalence class ``i`` matches NULL with NULL."""
+        return bool(self.null_safe) and self.null_safe[i]
 
     def owner(self, column: str) -> int:
         """Index of the input that produces ``column``."""
@@ -742,7 +751,7 @@ def _demand_join(node: Join, want: set[str]) -> Join:
                 Get(inp.get.collection, inp.get.kind, kept), inp.alias, inp.predicate, outputs
             )
         )
-    return Join(tuple(inputs), node.equivalences, node.residual, node.preserve)
+    return Join(tuple(inputs), node.equivalences, node.residual, node.preserve, node.null_safe)
 
 
 def _substitute(e: exp.Expression, by: dict[str, exp.Expression]) -> exp.Expression:

@@ -64,6 +64,13 @@ class LookupStage:
     input_keys: tuple[str, ...]
     as_of: Literal["new", "old"]
     residual: tuple[exp.Expression, ...] = ()
+    null_safe: tuple[bool, ...] = ()
+    """Per key pair, whether NULL matches NULL (``<=>``); empty: none does."""
+
+    def matches(self) -> tuple[tuple[str, str, bool], ...]:
+        """``(stream key, input key, NULL-safe)`` per key pair."""
+        flags = self.null_safe or (False,) * len(self.stream_keys)
+        return tuple(zip(self.stream_keys, self.input_keys, flags, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +81,14 @@ class DeltaPath:
     stages: tuple[LookupStage, ...]
 
 
-def _links(join: Join, joined: set[int], j: int) -> list[tuple[str, str]]:
-    """``(joined column, j's column)`` pairs linking input ``j`` to the joined set."""
+def _links(join: Join, joined: set[int], j: int) -> list[tuple[str, str, bool]]:
+    """``(joined column, j's column, NULL-safe)`` linking input ``j`` to the joined set."""
     pairs = []
-    for cls in join.equivalences:
+    for k, cls in enumerate(join.equivalences):
         mine = [c for i, c in cls if i == j]
         theirs = [c for i, c in cls if i in joined]
         if mine and theirs:
-            pairs.append((theirs[0], mine[0]))
+            pairs.append((theirs[0], mine[0], join.class_null_safe(k)))
     return pairs
 
 
@@ -109,7 +116,7 @@ def plan_paths(join: Join, view: str = "") -> tuple[DeltaPath, ...]:
             links = _links(join, joined, best)
             inp = join.inputs[best]
             key_cols = []
-            for _, mine in links:
+            for _, mine, _ in links:
                 col = inp.source_column(mine)
                 if col is None:
                     raise UnsupportedSqlError(
@@ -126,10 +133,11 @@ def plan_paths(join: Join, view: str = "") -> tuple[DeltaPath, ...]:
                 LookupStage(
                     input=best,
                     arrangement=ArrangementKey(inp.get.collection, inp.get.kind, tuple(key_cols)),
-                    stream_keys=tuple(s for s, _ in links),
-                    input_keys=tuple(m for _, m in links),
+                    stream_keys=tuple(s for s, _, _ in links),
+                    input_keys=tuple(m for _, m, _ in links),
                     as_of="new" if best < start else "old",
                     residual=ready,
+                    null_safe=tuple(n for _, _, n in links) if join.null_safe else (),
                 )
             )
         paths.append(DeltaPath(start, tuple(stages)))

@@ -924,14 +924,11 @@ class _Lowerer(ReduceLowering):
         for f in filters:
             (m,) = _owners(scope, f)
             pushed[m].append(_substitute(f, subs[m]))
-        classes = self._one_key_per_input(
-            _key_classes(equalities),
-            members,
-            pushed,
-            subs,
-            optional if preserve else None,
-            at,
+        keyed = self._one_key_per_input(
+            _key_classes(equalities), members, pushed, subs, optional if preserve else None, at
         )
+        classes = tuple(c for c, _ in keyed)
+        null_safe = tuple(n for _, n in keyed) if any(n for _, n in keyed) else ()
         self._check_connected(scope, members, classes, at)
         inputs_ = []
         for m in members:
@@ -940,7 +937,7 @@ class _Lowerer(ReduceLowering):
             rel = scope.relations[m]
             outputs = tuple((scope.internal(m, c), outmap[c]) for c in rel.node.columns)
             inputs_.append(JoinInput(get, rel.alias, predicate, outputs))
-        return Join(tuple(inputs_), classes, tuple(residual), preserve)
+        return Join(tuple(inputs_), classes, tuple(residual), preserve, null_safe)
 
     def _place_conjuncts(
         self,
@@ -951,17 +948,18 @@ class _Lowerer(ReduceLowering):
         optional: set[int],
         pushed: dict[int, list[exp.Expression]],
         subs: dict[int, dict[str, exp.Expression]],
-    ) -> tuple[list[tuple[_KeyColumn, _KeyColumn]], list[exp.Expression]]:
+    ) -> tuple[list[_KeyEquality], list[exp.Expression]]:
         """Place each conjunct of a join: one reading a single input becomes that input's
-        filter (appended to ``pushed``), an equality of two inputs' columns a key equality,
-        any other a residual. An outer join's ON may hold only key equalities and conditions
+        filter (appended to ``pushed``), an equality of two inputs' columns a key equality
+        (``=``, or ``<=>``: NULL-safe), any other a residual. An outer join's ON may hold only key equalities and conditions
         on its ``optional`` side; a conjunct reading an input joined later is refused.
 
         Returns:
-            the key equalities, as ``(input position, column)`` pairs, and the residuals.
+            the key equalities, as pairs of ``(input position, column)`` and whether NULL
+            matches NULL, and the residuals.
         """
         index = {m: k for k, m in enumerate(members)}
-        equalities: list[tuple[_KeyColumn, _KeyColumn]] = []
+        equalities: list[_KeyEquality] = []
         residual: list[exp.Expression] = []
         for original, c in conjuncts:
             owners = {scope.owner(n) for n in referenced_columns(c)}
@@ -973,7 +971,7 @@ class _Lowerer(ReduceLowering):
                     original,
                 )
             key = (
-                isinstance(c, exp.EQ)
+                isinstance(c, (exp.EQ, exp.NullSafeEQ))
                 and len(owners) == 2
                 and isinstance(c.this, exp.Column)
                 and isinstance(c.expression, exp.Column)
@@ -993,7 +991,8 @@ class _Lowerer(ReduceLowering):
                 pushed[o].append(_substitute(c, subs[o]))
             elif key:
                 a, b = c.this.name, c.expression.name
-                equalities.append(((index[scope.owner(a)], a), (index[scope.owner(b)], b)))
+                same = isinstance(c, exp.NullSafeEQ)
+                equalities.append(((index[scope.owner(a)], a), (index[scope.owner(b)], b), same))
             else:
                 residual.append(c)
         return equalities, residual
@@ -1027,20 +1026,21 @@ class _Lowerer(ReduceLowering):
 
     def _one_key_per_input(
         self,
-        classes: list[list[tuple[int, str]]],
+        classes: Mapping[tuple[_KeyColumn, ...], bool],
         members: list[int],
         pushed: dict[int, list[exp.Expression]],
         subs: dict[int, dict[str, exp.Expression]],
         optional: set[int] | None,
         at: exp.Join,
-    ) -> tuple[tuple[tuple[int, str], ...], ...]:
-        """Key classes holding one column per input: where equalities put two columns of
-        one input in a class (``a.x = b.y AND a.x = b.z``), ``b.y = b.z`` becomes a filter of
-        that input (the join compares one key per input, and would drop it). On an outer
-        join's preserved side that equality is part of the match, not a filter: refused.
-        ``optional``: an outer join's optional inputs (None: an inner join)."""
+    ) -> tuple[tuple[tuple[_KeyColumn, ...], bool], ...]:
+        """Key classes holding one column per input, each with whether NULL matches NULL in
+        it: where equalities put two columns of one input in a class (``a.x = b.y AND a.x =
+        b.z``), ``b.y = b.z`` becomes a filter of that input (the join compares one key per
+        input, and would drop it). On an outer join's preserved side that equality is part
+        of the match, not a filter: refused. ``optional``: an outer join's optional inputs
+        (None: an inner join)."""
         out = []
-        for cls in classes:
+        for cls, null_safe in classes.items():
             by_input: dict[int, list[str]] = {}
             for k, column in cls:
                 by_input.setdefault(k, []).append(column)
@@ -1055,11 +1055,14 @@ class _Lowerer(ReduceLowering):
                         construct="outer join ON condition",
                     )
                 m = members[k]
+                equal = exp.NullSafeEQ if null_safe else exp.EQ
                 for other in columns[1:]:
-                    same = exp.EQ(this=exp.column(columns[0]), expression=exp.column(other))
+                    same = equal(this=exp.column(columns[0]), expression=exp.column(other))
                     pushed[m].append(_substitute(same, subs[m]))
-            out.append(tuple(sorted((k, columns[0]) for k, columns in by_input.items())))
-        return tuple(c for c in out if len(c) > 1)
+            out.append(
+                (tuple(sorted((k, columns[0]) for k, columns in by_input.items())), null_safe)
+            )
+        return tuple((c, n) for c, n in out if len(c) > 1)
 
     def semi_join(
         self,
@@ -1384,11 +1387,11 @@ def _owners(scope: Scope, e: exp.Expression) -> set[int]:
     return {scope.owner(n) for n in referenced_columns(e)}
 
 
-def _key_classes(
-    equalities: list[tuple[_KeyColumn, _KeyColumn]],
-) -> list[list[_KeyColumn]]:
+def _key_classes(equalities: list[_KeyEquality]) -> dict[tuple[_KeyColumn, ...], bool]:
     """The equivalence classes of ``(input, column)`` that key equalities make (union-find),
-    each sorted, in the order their roots were first met; singletons left out."""
+    each sorted, in the order their roots were first met (singletons left out), with whether
+    NULL matches NULL in it: only when every equality joining it is ``<=>`` (one ``=``
+    makes its columns non-NULL wherever the rows match, so the whole class is ``=``)."""
     parent: dict[_KeyColumn, _KeyColumn] = {}
 
     def find(x: _KeyColumn) -> _KeyColumn:
@@ -1396,12 +1399,13 @@ def _key_classes(
             x = parent[x]
         return x
 
-    for a, b in equalities:
+    for a, b, _ in equalities:
         parent[find(a)] = find(b)
     groups: dict[_KeyColumn, list[_KeyColumn]] = {}
     for x in list(parent):
         groups.setdefault(find(x), []).append(x)
-    return [sorted(g) for g in groups.values() if len(g) > 1]
+    plain = {find(a) for a, _, same in equalities if not same}
+    return {tuple(sorted(g)): r not in plain for r, g in groups.items() if len(g) > 1}
 
 
 def _qualified(e: exp.Expression, outer: Relation, inner: Relation) -> exp.Expression:
@@ -1496,6 +1500,8 @@ _Conjunct = tuple[exp.Expression, exp.Expression, _Truth]
 """A join condition's conjunct: as written, resolved, and its constant value."""
 
 _KeyColumn = tuple[int, str]
+_KeyEquality = tuple[_KeyColumn, _KeyColumn, bool]
+"""Two inputs' key columns equal, and whether NULL equals NULL (``<=>``)."""
 """A join key column: the input's position in the join and the column's plan name."""
 
 _UNKNOWN = object()

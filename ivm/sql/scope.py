@@ -82,8 +82,29 @@ def split_conjuncts(e: exp.Expression) -> list[exp.Expression]:
     if isinstance(e, exp.And):
         return split_conjuncts(e.this) + split_conjuncts(e.expression)
     if isinstance(e, exp.Or):
-        return _factored(e)
+        same = _null_safe(e)
+        return [same] if same is not None else _factored(e)
     return [e]
+
+
+def _null_safe(e: exp.Or) -> exp.NullSafeEQ | None:
+    """``a = b OR (a IS NULL AND b IS NULL)`` (either order) as ``a <=> b``: where a
+    condition filters, the two keep the same rows (the first is NULL where ``<=>`` is false).
+    None for any other disjunction."""
+    branches = _disjuncts(e)
+    if len(branches) != 2:
+        return None
+    for eq, nulls in (branches, branches[::-1]):
+        if not isinstance(eq, exp.EQ):
+            continue
+        tested = [split_conjuncts(nulls)] if isinstance(nulls, (exp.And, exp.Paren)) else []
+        if tested and len(tested[0]) == 2 and all(isinstance(t, exp.Is) for t in tested[0]):
+            if all(isinstance(t.expression, exp.Null) for t in tested[0]):
+                operands = sorted(t.this.sql(dialect="spark") for t in tested[0])
+                sides = sorted(x.sql(dialect="spark") for x in (eq.this, eq.expression))
+                if operands == sides:
+                    return exp.NullSafeEQ(this=eq.this.copy(), expression=eq.expression.copy())
+    return None
 
 
 def _disjuncts(e: exp.Expression) -> list[exp.Expression]:

@@ -106,6 +106,8 @@ def join_delta_local(
     lookup, diffs multiplied, every update at ``new``. Outer and semi-joins are Spark's."""
     if isinstance(join, SemiJoin) or join.preserve:
         raise NotOnDriver("outer and semi-joins are computed by Spark")
+    if any(join.null_safe):
+        raise NotOnDriver("a join on NULL-safe keys (<=>) is computed by Spark")
     paths = [p for p in plan_paths(join) if join.inputs[p.source].get.collection not in unchanged]
     if not paths:
         raise NotOnDriver("no input of the join changed")

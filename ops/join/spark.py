@@ -25,7 +25,7 @@ in ``(old, new]`` and arrangements readable at ``old`` and ``new``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import reduce
 from typing import Protocol
 
@@ -67,14 +67,20 @@ def prepare(inp: JoinInput, df: DataFrame) -> DataFrame:
     return df.select(*cols, TIME, DIFF)
 
 
-def _condition(left: DataFrame, right: DataFrame, pairs) -> Column:
-    return reduce(lambda a, b: a & b, [left[f"`{lk}`"] == right[f"`{rk}`"] for lk, rk in pairs])
+def _condition(left: DataFrame, right: DataFrame, pairs: Sequence[tuple]) -> Column:
+    """Each pair ``(left column, right column[, NULL-safe])`` equal: by ``=``, or by ``<=>``
+    where the pair says NULL matches NULL."""
+
+    def equal(pair: tuple) -> Column:
+        a, b = left[f"`{pair[0]}`"], right[f"`{pair[1]}`"]
+        return a.eqNullSafe(b) if len(pair) > 2 and pair[2] else a == b
+
+    return reduce(lambda a, b: a & b, [equal(p) for p in pairs])
 
 
 def _join_stage(stream: DataFrame, right: DataFrame, stage: LookupStage) -> DataFrame:
     right = right.drop(TIME).withColumnRenamed(DIFF, _RIGHT_DIFF)
-    pairs = list(zip(stage.stream_keys, stage.input_keys, strict=True))
-    out = stream.join(right, _condition(stream, right, pairs), "inner")
+    out = stream.join(right, _condition(stream, right, stage.matches()), "inner")
     out = out.withColumn(DIFF, F.col(DIFF) * F.col(_RIGHT_DIFF)).drop(_RIGHT_DIFF)
     for r in stage.residual:
         out = out.where(F.expr(spark_sql(r)))
@@ -85,15 +91,16 @@ def _ordered(df: DataFrame, join: Join) -> DataFrame:
     return df.select(*[F.col(f"`{c}`") for c in join.columns], TIME, DIFF)
 
 
-def _key_pairs(join: Join, side: int) -> list[tuple[str, str]]:
-    """``(side's column, other side's column)`` for each key of a two-input join."""
+def _key_pairs(join: Join, side: int) -> list[tuple[str, str, bool]]:
+    """``(side's column, other side's column, NULL-safe)`` for each key of a two-input
+    join."""
     other = 1 - side
     pairs = []
-    for cls in join.equivalences:
+    for k, cls in enumerate(join.equivalences):
         mine = [c for i, c in cls if i == side]
         theirs = [c for i, c in cls if i == other]
         if mine and theirs:
-            pairs.append((mine[0], theirs[0]))
+            pairs.append((mine[0], theirs[0], join.class_null_safe(k)))
     return pairs
 
 
@@ -129,7 +136,7 @@ def render_join_snapshot(join: Join | SemiJoin, inputs: Mapping[str, DataFrame])
         mine = prepare(join.inputs[side], inputs[join.inputs[side].get.collection])
         other = prepare(join.inputs[1 - side], inputs[join.inputs[1 - side].get.collection])
         pairs = _key_pairs(join, side)
-        keys = other.select(*[F.col(f"`{o}`") for _, o in pairs]).distinct()
+        keys = other.select(*[F.col(f"`{p[1]}`") for p in pairs]).distinct()
         unmatched = mine.join(keys, _condition(mine, keys, pairs), "left_anti")
         out = out.unionByName(_pad(unmatched, join, side, other))
     return out
@@ -183,8 +190,9 @@ def render_join_delta(
             keys = [_stage_keys(streams[i], paths[i].stages[depth]) for i in users]
             # Only the columns these inputs read: the scan decodes no other column.
             read = {c for i in users for c in join.inputs[paths[i].stages[depth].input].get.columns}
+            stages = [paths[i].stages[depth] for i in users]  # a NULL-safe one keeps NULL keys
             state = lookup(
-                paths[users[0]].stages[depth],
+                next((st for st in stages if any(st.null_safe)), stages[0]),
                 reduce(DataFrame.unionByName, keys),
                 at,
                 columns=read,
@@ -219,17 +227,18 @@ def _stage_keys(stream: DataFrame, stage: LookupStage) -> DataFrame:
     )
 
 
-def _stage_for(inp: JoinInput, keys: list[str]) -> LookupStage:
+def _stage_for(inp: JoinInput, keys: list[str], null_safe: Sequence[bool] = ()) -> LookupStage:
     """A lookup of ``inp`` by its columns ``keys`` (match-count bookkeeping)."""
     cols = tuple(inp.source_column(k) or k for k in keys)
     arrangement = ArrangementKey(inp.get.collection, inp.get.kind, cols)
-    return LookupStage(0, arrangement, tuple(keys), tuple(keys), "new")
+    safe = tuple(null_safe) if any(null_safe) else ()
+    return LookupStage(0, arrangement, tuple(keys), tuple(keys), "new", null_safe=safe)
 
 
 def _anti_delta(
     mine_inp: JoinInput,
     other_inp: JoinInput,
-    pairs: list[tuple[str, str]],
+    pairs: Sequence[tuple],
     deltas: Mapping[str, DataFrame],
     lookup: Lookup,
     old: int,
@@ -240,12 +249,14 @@ def _anti_delta(
     ``U(new) - U(old) = ΔM ▷ O(new) + M(old) ⋈ flip``, where ``flip(k) = [c_new(k) = 0] -
     [c_old(k) = 0]`` for the keys the other input's change touched, and ``c(k)`` counts the
     other input's rows with key ``k`` (looked up in its arrangement at old and new). Rows of
-    ``mine`` whose key is NULL never match. Returns ``mine``'s columns at time ``new``.
+    ``mine`` whose key is NULL never match, but on a NULL-safe pair (``(mine, other, True)``),
+    where NULL matches NULL. Returns ``mine``'s columns at time ``new``.
     """
-    mine_keys = [m for m, _ in pairs]
-    other_keys = [o for _, o in pairs]
-    other_stage = _stage_for(other_inp, other_keys)
-    mine_stage = _stage_for(mine_inp, mine_keys)
+    mine_keys = [p[0] for p in pairs]
+    other_keys = [p[1] for p in pairs]
+    safe = [len(p) > 2 and p[2] for p in pairs]
+    other_stage = _stage_for(other_inp, other_keys, safe)
+    mine_stage = _stage_for(mine_inp, mine_keys, safe)
 
     def other_rows(keys: DataFrame, at: int) -> DataFrame:
         return prepare(other_inp, lookup(other_stage, keys, at).withColumn(TIME, F.lit(new)))
@@ -267,10 +278,16 @@ def _anti_delta(
         rows = other_rows(touched, at)
         return rows.groupBy(*[F.col(f"`{o}`") for o in other_keys]).agg(F.sum(DIFF).alias(name))
 
-    keyed = d_other.select(*[F.col(f"`{o}`") for o in other_keys]).dropna().distinct()
+    plain = [o for o, same in zip(other_keys, safe, strict=True) if not same]
+    keyed = d_other.select(*[F.col(f"`{o}`") for o in other_keys])
+    keyed = (keyed.dropna(subset=plain) if plain else keyed).distinct()
     flips = (
-        keyed.join(counts(new, "_c_new"), other_keys, "left")
-        .join(counts(old, "_c_old"), other_keys, "left")
+        _left_joined(
+            _left_joined(keyed, counts(new, "_c_new"), other_keys, safe),
+            counts(old, "_c_old"),
+            other_keys,
+            safe,
+        )
         .select(
             *[F.col(f"`{o}`") for o in other_keys],
             (
@@ -288,6 +305,24 @@ def _anti_delta(
         .select(*[F.col(f"`{c}`") for c in mine_inp.columns], TIME, DIFF)
     )
     return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
+
+
+def _left_joined(
+    left: DataFrame, right: DataFrame, keys: Sequence[str], null_safe: Sequence[bool]
+) -> DataFrame:
+    """``left`` LEFT JOIN ``right`` on their columns ``keys`` (by ``<=>`` where
+    ``null_safe`` says), with ``left``'s keys and ``right``'s other columns."""
+    if not any(null_safe):
+        return left.join(right, list(keys), "left")
+    renamed = right.select(
+        *[
+            F.col(f"`{c}`").alias(f"_r{keys.index(c)}") if c in keys else F.col(f"`{c}`")
+            for c in right.columns
+        ]
+    )
+    pairs = [(k, f"_r{i}", same) for i, (k, same) in enumerate(zip(keys, null_safe, strict=True))]
+    joined = left.join(renamed, _condition(left, renamed, pairs), "left")
+    return joined.drop(*[f"_r{i}" for i in range(len(keys))])
 
 
 def not_in_table(join: SemiJoin) -> StateTable:
