@@ -45,6 +45,20 @@ def net_change(spark, *rows: tuple[int | None, str | None, int]):
     return spark.createDataFrame(table)
 
 
+def apply_arrow(spark, uri: str, epoch: int, table: pa.Table, **options):
+    """Apply a change held as Arrow (``(columns..., _diff)``) to the table at ``uri``."""
+    return apply_to_table(
+        spark,
+        spark.createDataFrame(table),
+        uri,
+        app_id="test",
+        epoch=epoch,
+        metadata={},
+        label="v",
+        **options,
+    )
+
+
 def apply(spark, uri: str, epoch: int, *rows, overwrite: bool = False, local: bool = False):
     """``local``: the caller bounds the change's size, so it is examined on the driver."""
     return apply_to_table(
@@ -705,16 +719,7 @@ def test_a_rewrite_by_the_driver_keeps_the_files_it_writes_decoded(
 
     def put(epoch: int, rows: list[dict]):
         change = pa.Table.from_pylist(rows, schema=typed.append(pa.field(DIFF, pa.int64())))
-        return apply_to_table(
-            spark,
-            spark.createDataFrame(change),
-            uri,
-            app_id="test",
-            epoch=epoch,
-            metadata={},
-            label="v",
-            rows_hint=len(rows),
-        )
+        return apply_arrow(spark, uri, epoch, change, rows_hint=len(rows))
 
     uri = str(tmp_path / "views" / "t")
     put(1, [row(k, 1) for k in range(30)])
@@ -792,16 +797,7 @@ def test_columns_named_like_scratch_columns_are_written_by_spark(spark, tmp_path
         table = pa.Table.from_pylist(
             [{"k": k, "_n": n, DIFF: d} for k, n, d in rows], schema=schema
         )
-        return apply_to_table(
-            spark,
-            spark.createDataFrame(table),
-            uri,
-            app_id="test",
-            epoch=epoch,
-            metadata={},
-            label="v",
-            overwrite=overwrite,
-        )
+        return apply_arrow(spark, uri, epoch, table, overwrite=overwrite)
 
     with ivm.policy.using(Policy.spark_only()):
         apply_rows(1, (1, 10, 2), (2, 20, 1), overwrite=True)
