@@ -45,8 +45,10 @@ from resources.lake import (
     TABLE_CONFIGURATION,
     CommitResult,
     deleted_positions_of,
+    has_vectors,
     local_path,
     open_for_write,
+    open_table,
 )
 
 VECTORS = "delta.enableDeletionVectors"
@@ -90,7 +92,16 @@ def driver_writable(table_uri: str, dt: DeltaTable | None) -> str | None:
 
 def enable_vectors(table_uri: str) -> bool:
     """Give the table the deletion vectors feature and property (delta-rs commits, no data
-    changed) where it lacks them; True when a commit was made."""
+    changed) where it lacks them; True when a commit was made. Every refresh that marks
+    vectors asks: the shared snapshot answers, and a handle of its own is opened only to
+    commit."""
+    seen = open_table(table_uri)
+    if (
+        seen is not None
+        and has_vectors(seen)
+        and seen.metadata().configuration.get(VECTORS) == "true"
+    ):
+        return False
     dt = open_for_write(table_uri)
     if dt is None:
         raise LakeError(f"{table_uri}: no table to enable deletion vectors on")

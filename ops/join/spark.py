@@ -38,7 +38,7 @@ from ivm.plan.join import ArrangementKey, LookupStage, plan_paths, shared_lookup
 from ivm.plan.reduce import GLOBAL_KEY, StateTable, state_tables
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
-from ops.reduce.spark import StateStore, materialize
+from ops.reduce.spark import StateStore, join_null_safe, materialize
 
 
 class Lookup(Protocol):
@@ -281,12 +281,13 @@ def _anti_delta(
     plain = [o for o, same in zip(other_keys, safe, strict=True) if not same]
     keyed = d_other.select(*[F.col(f"`{o}`") for o in other_keys])
     keyed = (keyed.dropna(subset=plain) if plain else keyed).distinct()
+    # NULL-safe: keyed holds no NULL in a plain key, so only NULL-safe keys match NULL
     flips = (
-        _left_joined(
-            _left_joined(keyed, counts(new, "_c_new"), other_keys, safe),
+        join_null_safe(
+            join_null_safe(keyed, counts(new, "_c_new"), other_keys, "left"),
             counts(old, "_c_old"),
             other_keys,
-            safe,
+            "left",
         )
         .select(
             *[F.col(f"`{o}`") for o in other_keys],
@@ -305,24 +306,6 @@ def _anti_delta(
         .select(*[F.col(f"`{c}`") for c in mine_inp.columns], TIME, DIFF)
     )
     return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
-
-
-def _left_joined(
-    left: DataFrame, right: DataFrame, keys: Sequence[str], null_safe: Sequence[bool]
-) -> DataFrame:
-    """``left`` LEFT JOIN ``right`` on their columns ``keys`` (by ``<=>`` where
-    ``null_safe`` says), with ``left``'s keys and ``right``'s other columns."""
-    if not any(null_safe):
-        return left.join(right, list(keys), "left")
-    renamed = right.select(
-        *[
-            F.col(f"`{c}`").alias(f"_r{keys.index(c)}") if c in keys else F.col(f"`{c}`")
-            for c in right.columns
-        ]
-    )
-    pairs = [(k, f"_r{i}", same) for i, (k, same) in enumerate(zip(keys, null_safe, strict=True))]
-    joined = left.join(renamed, _condition(left, renamed, pairs), "left")
-    return joined.drop(*[f"_r{i}" for i in range(len(keys))])
 
 
 def not_in_table(join: SemiJoin) -> StateTable:

@@ -553,7 +553,7 @@ def _accumulated_values(
         sums = touched.join(sums, on=list(keys), how="left")
     exact = acc.float_terms and floats is not None
     if exact:
-        sums = _join_on(sums, _float_bins(store, floats, keys, touched), keys, "left")
+        sums = join_null_safe(sums, _float_bins(store, floats, keys, touched), keys, "left")
     out = []
     for suffix in ("__old", ""):
         cols = [
@@ -813,7 +813,7 @@ def _sized(total: DataFrame, rows: DataFrame, keys: list[str]) -> DataFrame:
     """``total`` (a count per group) with :data:`_IN_GROUP`: the rows of ``rows`` in the
     group."""
     n = rows.groupBy(*[_c(c) for c in keys]).agg(F.sum(_c(DIFF)).alias(_IN_GROUP))
-    joined = _join_on(total, n, keys, "left")
+    joined = join_null_safe(total, n, keys, "left")
     return joined.withColumn(_IN_GROUP, F.coalesce(_c(_IN_GROUP), F.lit(0)))
 
 
@@ -850,7 +850,7 @@ def _merged_buffers(
         .withColumn("_after", F.sum(_c("_buf")).over(w))
         .where(_c("_buf") == 0)
     )
-    taken = _join_on(marked, below, keys, "left")
+    taken = join_null_safe(marked, below, keys, "left")
     taken = taken.where((_c("_after") > 0) | _c("_partial").isNull())
     merged = consolidate(
         first_old.unionByName(taken.select(*[_c(c) for c in cols], DIFF)), cols, by_time=False
@@ -889,10 +889,10 @@ def _refilled(
     )
     whole = store.snapshot(node.input)
     whole = whole if node.partition else _with_global_key(whole)
-    whole = _join_on(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")
+    whole = join_null_safe(whole.select(*[_c(c) for c in cols], DIFF), short, keys, "left_semi")
     whole = consolidate(whole, cols, by_time=False).where(_c(DIFF) > 0)
     kept = k + topk_spare(node)
-    return _join_on(first_new, short, keys, "left_anti").unionByName(
+    return join_null_safe(first_new, short, keys, "left_anti").unionByName(
         _first_k(whole, keys, order, kept)
     )
 
@@ -953,8 +953,8 @@ def render_reduce(node: Reduce, delta: DataFrame, store: StateStore) -> DataFram
         results.append(_branch_values(node, branch, delta, groups, store, schema, grain))
     old, new = results[0]
     for o, n in results[1:]:  # collation: the branches' columns side by side, per group
-        old = _join_on(old, o, keys, "inner")
-        new = _join_on(new, n, keys, "inner")
+        old = join_null_safe(old, o, keys, "inner")
+        new = join_null_safe(new, n, keys, "inner")
     out_cols = (
         [_c(c) for c in node.columns] if not global_row else [_c(a.name) for a in node.aggregates]
     )
@@ -977,7 +977,7 @@ def _exact_floats(node: Reduce, schema: T.StructType) -> bool:
     )
 
 
-def _join_on(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -> DataFrame:
+def join_null_safe(left: DataFrame, right: DataFrame, keys: Sequence[str], how: str) -> DataFrame:
     """Join on ``keys`` with NULL equal to NULL (grouping semantics); ``left``'s keys kept.
 
     The right side's keys are renamed first, so the two sides may derive from one frame.
@@ -1091,7 +1091,7 @@ def _distinct_change(
         table, cols, change.select(*[_c(c) for c in cols]), store.old, change
     ).withColumnRenamed(DIFF, "_c_old")
     store.write(table, change)
-    joined = _join_on(change, old, cols, "left").select(
+    joined = join_null_safe(change, old, cols, "left").select(
         *[_c(c) for c in cols],
         F.coalesce(_c("_c_old"), F.lit(0)).alias("_c_old"),
         (F.coalesce(_c("_c_old"), F.lit(0)) + _c(DIFF)).alias("_c_new"),
