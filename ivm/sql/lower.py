@@ -51,6 +51,7 @@ from ivm.plan.ir import (
     simplify,
     walk,
 )
+from ivm.sql.domain import by_domain
 from ivm.sql.lower_reduce import Ranked, ReduceLowering, rank_bound
 from ivm.sql.nest import NESTED, NestRefused, nest_join
 from ivm.sql.parse import DIALECT, ParsedView, position
@@ -128,6 +129,7 @@ class _Lowerer(ReduceLowering):
         self.names_in_use = set(names_in_use)
         self._subqueries = 0  # subqueries made joins so far (numbers their aliases)
         self._nested = 0  # joins nested into derived tables so far (numbers their aliases)
+        self._domains = 0  # subqueries rewritten over their outer domain (numbers them)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -205,6 +207,7 @@ class _Lowerer(ReduceLowering):
                 raise self.unsupported(e.construct, e.at) from None
             if lifted is not None:
                 return self.select(lifted, ctes, need_names=need_names)
+        s = self._by_domain(s, ctes)
         s = self._decorrelated(s, ctes)
         s = self._select_list_decorrelated(s, ctes)
         s = self._anti_wrapped(s, ctes)
@@ -420,6 +423,16 @@ class _Lowerer(ReduceLowering):
                 out.extend([item] * len(scope.star(qualifier) or []))
             else:
                 out.append(item)
+        return out
+
+    def _by_domain(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with each subquery correlated other than by equalities made correlated by
+        equalities with the domain of the outer values it reads (:mod:`ivm.sql.domain`)."""
+        try:
+            out, added = by_domain(s, self._inner_columns(ctes), self._domains)
+        except SubqueryRefused as e:
+            raise self.unsupported(e.construct, e.at) from None
+        self._domains += added
         return out
 
     def _decorrelated(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:

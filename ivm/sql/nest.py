@@ -26,7 +26,7 @@ from sqlglot import exp
 from ivm.errors import IvmError
 from ivm.sql.scope import HIDDEN_PREFIX, ONE, RESERVED_PREFIX, split_conjuncts
 
-_FROM = "from_" if "from_" in exp.Select.arg_types else "from"
+FROM_ARG = "from_" if "from_" in exp.Select.arg_types else "from"
 """sqlglot's name of SELECT's FROM argument (newer versions add a ``_``)."""
 
 NESTED = "_ivm_o"
@@ -178,7 +178,7 @@ class JoinColumns:
             exp.column(c, table=self.relations[i][0]).as_(self.name_of(i, c)) for i, c in chosen
         ]
         inner = exp.select(*columns, *extra)
-        inner.set(_FROM, exp.From(this=first.copy()))
+        inner.set(FROM_ARG, exp.From(this=first.copy()))
         inner.set("joins", [j.copy() for j in joins] or None)
         if where:
             inner.set("where", exp.Where(this=exp.and_(*(c.copy() for c in where))))
@@ -249,7 +249,7 @@ def nest_join(
             out.set(key, jc.rewritten(select.args[key]))
     out.set("where", exp.Where(this=exp.and_(*(jc.rewritten(c) for c in kept))) if kept else None)
     out.set("joins", suffix)
-    out.set(_FROM, exp.From(this=jc.derived(first, joins[: cut - 1], pushed, extra)))
+    out.set(FROM_ARG, exp.From(this=jc.derived(first, joins[: cut - 1], pushed, extra)))
     return out
 
 

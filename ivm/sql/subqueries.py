@@ -35,19 +35,19 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from ivm.errors import IvmError
-from ivm.sql.nest import JoinColumns, Relations, own_columns
+from ivm.sql.nest import FROM_ARG, JoinColumns, Relations, own_columns
 from ivm.sql.scope import HIDDEN_PREFIX, ONE, is_aggregate, split_conjuncts
 
-_FROM = "from_" if "from_" in exp.Select.arg_types else "from"
 _WITH = "with_" if "with_" in exp.Select.arg_types else "with"
-"""sqlglot's names of SELECT's FROM and WITH arguments (newer versions add a ``_``)."""
+"""sqlglot's name of SELECT's WITH argument (newer versions add a ``_``)."""
 
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
-_NULL_PROPAGATING = (
+COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+NULL_PROPAGATING = (
     exp.Add,
     exp.Sub,
     exp.Mul,
     exp.Div,
+    exp.Mod,
     exp.Neg,
     exp.Paren,
     exp.Cast,
@@ -79,7 +79,7 @@ def scalar_operand(conjunct: exp.Expression) -> exp.Subquery | None:
 
 def _scalar_side(conjunct: exp.Expression) -> tuple[exp.Subquery, bool] | None:
     """:func:`scalar_operand`, and whether it is in the comparison's left side."""
-    if not isinstance(conjunct, _COMPARISONS):
+    if not isinstance(conjunct, COMPARISONS):
         return None
     left, right = (scalar_subqueries(x) for x in (conjunct.this, conjunct.expression))
     if len(left) + len(right) != 1:
@@ -232,7 +232,7 @@ def shadowed(select: exp.Select, qualifiers: set[str], alias: str) -> exp.Select
     ``alias`` and the columns qualified by the name qualified by ``alias``: SQL resolves a
     name in the innermost scope, so inside the subquery it is the subquery's own table."""
     out = select.copy()
-    out.args[_FROM].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    out.args[FROM_ARG].this.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
     for col in own_columns(out):
         if col.table and col.table.lower() in qualifiers:
             col.set("table", exp.to_identifier(alias))
@@ -478,7 +478,7 @@ def outer_reads(inner_columns: InnerColumns) -> Callable[[exp.Subquery], list[ex
         if q is None:
             return []
         qualifiers, columns = inner_columns(q)
-        return [c for c in own_columns(q) if not _is_inner(c, qualifiers, columns)]
+        return [c for c in own_columns(q) if not is_inner(c, qualifiers, columns)]
 
     return reads
 
@@ -600,7 +600,7 @@ def _key_equalities(alias: str, outer_keys: Sequence[exp.Expression]) -> list[ex
 def _read_as(derived: exp.Select, q: exp.Select, local: Sequence[exp.Expression]) -> None:
     """Give ``derived`` the FROM, joins and WITH of subquery ``q``, and ``local`` (its own
     conjuncts, its correlation taken out) as WHERE."""
-    derived.set(_FROM, q.args[_FROM].copy())
+    derived.set(FROM_ARG, q.args[FROM_ARG].copy())
     if q.args.get("joins"):
         derived.set("joins", [j.copy() for j in q.args["joins"]])
     if q.args.get(_WITH):
@@ -665,11 +665,11 @@ def _correlation(
     outer_keys: list[exp.Expression] = []
     bound: Bound | None = None
     for c in split_conjuncts(where.this) if where is not None else []:
-        outer = [col for col in own_columns(c) if not _is_inner(col, qualifiers, columns)]
+        outer = [col for col in own_columns(c) if not is_inner(col, qualifiers, columns)]
         if not outer:
             local.append(c)
             continue
-        sides = (c.this, c.expression) if isinstance(c, _COMPARISONS) else ()
+        sides = (c.this, c.expression) if isinstance(c, COMPARISONS) else ()
         mine = [x for x in sides if _reads_only(x, qualifiers, columns, inner=True)]
         theirs = [x for x in sides if _reads_only(x, qualifiers, columns, inner=False)]
         paired = bool(mine and theirs and mine[0] is not theirs[0])
@@ -689,11 +689,24 @@ def _correlation(
     return local, inner_keys, outer_keys, bound
 
 
+def correlated_by_equalities(
+    q: exp.Select, inner: tuple[set[str], set[str]], *, bounded: bool
+) -> bool:
+    """Whether subquery ``q``'s WHERE reads the outer row by ``inner = outer`` equalities
+    alone (with ``bounded``, and at most one other comparison, :class:`Bound`), or not at
+    all: the correlations these rewrites take (:mod:`ivm.sql.domain` takes the others)."""
+    try:
+        _correlation(q, inner, "", bounded=bounded)
+    except SubqueryRefused:
+        return False
+    return True
+
+
 def _refuse(construct: str, at: exp.Expression) -> SubqueryRefused:
     return SubqueryRefused(construct, at)
 
 
-def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
+def is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
     """Whether a column of a subquery names one of its own FROM items' columns (SQL resolves
     the innermost scope first)."""
     if col.table:
@@ -703,7 +716,7 @@ def _is_inner(col: exp.Column, qualifiers: set[str], columns: set[str]) -> bool:
 
 def _reads_only(e: exp.Expression, qualifiers: set[str], columns: set[str], *, inner: bool) -> bool:
     cols = own_columns(e)
-    return bool(cols) and all(_is_inner(c, qualifiers, columns) == inner for c in cols)
+    return bool(cols) and all(is_inner(c, qualifiers, columns) == inner for c in cols)
 
 
 def _null_over_no_rows(e: exp.Expression) -> bool:
@@ -713,7 +726,7 @@ def _null_over_no_rows(e: exp.Expression) -> bool:
         return not isinstance(e, _EMPTY_NOT_NULL)
     if isinstance(e, exp.Literal):
         return True
-    if not isinstance(e, _NULL_PROPAGATING):
+    if not isinstance(e, NULL_PROPAGATING):
         return False
     operands = [a for a in e.args.values() if isinstance(a, exp.Expression)]
     non_literal = [a for a in operands if not isinstance(a, (exp.Literal, exp.DataType))]
@@ -725,7 +738,7 @@ def _wrap_for_constant(select: exp.Select) -> str:
     (once), so its rows join an uncorrelated subquery's one row on ``__ivm_one = _k0``; the
     lowerer makes it an internal view, whose column ``__ivm_one`` is then a key like any other
     (a change of the subquery's value looks up every outer row: one key). Returns ``q``."""
-    from_ = select.args[_FROM]
+    from_ = select.args[FROM_ARG]
     item = from_.this
     name = (item.alias or (item.name if isinstance(item, exp.Table) else "_subquery")).lower()
     inner = item.this if isinstance(item, exp.Subquery) else None
@@ -734,7 +747,7 @@ def _wrap_for_constant(select: exp.Select) -> str:
     source = item.copy()
     star = exp.Column(this=exp.Star(), table=exp.to_identifier(name))
     wrapped = exp.select(star, exp.Literal.number(1).as_(ONE))
-    wrapped.set(_FROM, exp.From(this=source))
+    wrapped.set(FROM_ARG, exp.From(this=source))
     alias = exp.TableAlias(this=exp.to_identifier(name))
     from_.set("this", exp.Subquery(this=wrapped, alias=alias))
     return name
@@ -771,7 +784,7 @@ def wrap_join(
     moved = anti.copy()
     for nested in [n for n in moved.walk() if isinstance(n, exp.Select)][:1]:
         for col in own_columns(nested):  # the subquery's references to the join
-            new = None if _is_inner(col, qualifiers, columns) else join.resolve(col)
+            new = None if is_inner(col, qualifiers, columns) else join.resolve(col)
             if new is not None:
                 col.replace(new)
     if isinstance(moved, exp.Not) and isinstance(moved.this, exp.In):  # NOT IN's probe
@@ -779,8 +792,10 @@ def wrap_join(
     out.set("where", exp.Where(this=moved))
     out.set("joins", None)
     out.set(
-        _FROM,
-        exp.From(this=join.derived(select.args[_FROM].this, select.args.get("joins") or [], kept)),
+        FROM_ARG,
+        exp.From(
+            this=join.derived(select.args[FROM_ARG].this, select.args.get("joins") or [], kept)
+        ),
     )
     return out
 
@@ -836,7 +851,7 @@ def lift_having(select: exp.Select) -> exp.Select | None:
     grouped.set("order", None)  # a view has no order; without LIMIT it changes nothing
     out = exp.select(*(exp.column(n, table=GROUPED) for n in names))
     derived = exp.Subquery(this=grouped, alias=exp.TableAlias(this=exp.to_identifier(GROUPED)))
-    out.set(_FROM, exp.From(this=derived))
+    out.set(FROM_ARG, exp.From(this=derived))
     out.set("where", exp.Where(this=exp.and_(*compared)))
     return out
 

@@ -50,16 +50,16 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 
 -- case: unknown hint
 -- ivm: group_size = 10
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
--- case: not in correlated by a comparison
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_custkey < o.o_orderkey)
--- case: exists correlated by two comparisons
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey < o.o_custkey AND c.c_custkey > o.o_orderkey)
+-- case: exists correlated by a condition true for a NULL outer value
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey = o.o_custkey OR c.c_nationkey = o.o_orderkey)
+-- case: exists over a join correlated by two comparisons
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c JOIN orders i ON i.o_custkey = c.c_custkey WHERE c.c_custkey < o.o_custkey AND c.c_custkey > o.o_orderkey)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
 -- case: two NOT IN over a join, one grouped
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer GROUP BY c_custkey) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
--- case: NOT IN correlated by a comparison
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey NOT IN (SELECT c_custkey FROM customer c WHERE c.c_acctbal > o.o_totalprice)
+-- case: scalar subquery correlated through coalesce
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT avg(o_totalprice) FROM orders i WHERE i.o_custkey < coalesce(o.o_custkey, 0))
 -- case: nondeterministic
 CREATE VIEW v AS SELECT o_orderkey, rand() AS r FROM orders
 -- case: current_date
@@ -90,8 +90,8 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey ORDER BY max(o_orderkey) LIMIT 2
 -- case: inner join condition reads a later input
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON o.o_custkey = x.c_custkey JOIN customer x ON x.c_custkey = c.c_custkey
--- case: scalar subquery correlated by an inequality
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT avg(o_totalprice) FROM orders i WHERE i.o_custkey < o.o_custkey)
+-- case: IN over a grouped subquery correlated by a comparison
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT o_custkey FROM orders i WHERE i.o_orderdate < o.o_orderdate GROUP BY o_custkey HAVING count(*) > 1)
 -- case: scalar subquery collecting
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE size(o_orderkey) > (SELECT size(collect_list(o_orderkey)) FROM orders i WHERE i.o_custkey = o.o_custkey)
 -- case: full join using

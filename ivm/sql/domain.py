@@ -1,0 +1,268 @@
+"""Subqueries correlated by any condition, rewritten to be correlated by equalities alone.
+
+A subquery whose WHERE reads the outer row other than by ``inner = outer`` equalities (two
+comparisons, ``BETWEEN``, an expression of both sides, ``<>`` under NOT IN or a scalar
+subquery) is evaluated over the *domain* of the outer values it reads, the unnesting of
+Neumann and Kemper that Materialize plans too::
+
+    SELECT ... FROM o WHERE p AND EXISTS (SELECT 1 FROM t WHERE t.f = 1 AND t.a < o.x
+                                          AND t.b > o.y)
+
+becomes::
+
+    SELECT ... FROM o WHERE p AND EXISTS (
+        SELECT 1 FROM (SELECT t.*, d.__ivm_d0, d.__ivm_d1
+                       FROM t, (SELECT DISTINCT o.x AS __ivm_d0, o.y AS __ivm_d1
+                                FROM o WHERE p) AS d
+                       WHERE t.f = 1 AND t.a < d.__ivm_d0 AND t.b > d.__ivm_d1) AS t
+        WHERE t.__ivm_d0 = o.x AND t.__ivm_d1 = o.y)
+
+The derived table pairs each distinct outer value with the subquery's rows for it, so the
+subquery is now correlated by equalities, which :mod:`ivm.sql.subqueries` and the lowerer
+plan with the operators the engine has (the derived table and the domain are internal views).
+Equalities with the outer row become the derived table's join keys; without any, it joins on
+a constant (:data:`ONE`), and a change to ``t`` is compared with every domain value: EXPLAIN
+shows that join.
+
+The rewrite is exact only where an outer value that is NULL makes the correlation not true
+(every outer column is read under a comparison through NULL-propagating arithmetic): the
+equalities on the domain then lose no row. Otherwise it is refused by name.
+
+Contract in ``(data, time, diff)`` terms: a pure rewrite of SQL; the rewritten SELECT has the
+same result as the original at every time, so its updates are the original's updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sqlglot import exp
+
+from ivm.sql.nest import FROM_ARG, own_columns
+from ivm.sql.scope import ONE, split_conjuncts
+from ivm.sql.subqueries import (
+    COMPARISONS,
+    NULL_PROPAGATING,
+    InnerColumns,
+    SubqueryRefused,
+    correlated_by_equalities,
+    is_inner,
+    scalar_subqueries,
+)
+
+DOMAIN = "__ivm_d"
+"""The prefix of the domain's columns (``__ivm_d0``...)."""
+DOMAIN_ALIAS = "_ivm_domain"
+"""The prefix of the domains' aliases (``_ivm_domain0``...)."""
+
+_STRICT = (*COMPARISONS, exp.Between, exp.Like, exp.ILike)
+"""Conditions that are not true when an operand is NULL."""
+
+
+def by_domain(
+    select: exp.Select, inner_columns: InnerColumns, first_number: int
+) -> tuple[exp.Select, int]:
+    """``select`` with each subquery of its WHERE and SELECT list that is correlated other
+    than :mod:`ivm.sql.subqueries` takes rewritten over the domain of the outer values it
+    reads (module doc); the domains are ``_ivm_domain<n>``, from ``first_number`` up. Also how
+    many were rewritten.
+
+    Raises:
+        SubqueryRefused: a correlation that may hold for a NULL outer value.
+    """
+    out = select.copy()
+    number = first_number
+    for q, kind in list(_subqueries(out)):
+        if correlated_by_equalities(q, inner_columns(q), bounded=kind in _BOUNDED):
+            continue
+        rewritten = _over_domain(q, out, inner_columns(q), f"{DOMAIN_ALIAS}{number}", kind)
+        if rewritten is not None:
+            q.replace(rewritten)
+            number += 1
+    return out, number - first_number
+
+
+_BOUNDED = ("EXISTS", "NOT EXISTS", "IN")
+"""The kinds a comparison besides equalities already correlates (a value span per key)."""
+
+
+def _subqueries(select: exp.Select) -> Iterator[tuple[exp.Select, str]]:
+    """The subqueries of ``select``'s WHERE and SELECT list (not nested deeper) with their
+    kind: ``EXISTS``, ``NOT EXISTS``, ``IN``, ``NOT IN`` or ``a scalar subquery``."""
+    where = select.args.get("where")
+    roots = [*select.expressions, *([where.this] if where is not None else [])]
+    for root in roots:
+        for sub in scalar_subqueries(root):
+            parent = sub.parent
+            if isinstance(parent, exp.In) and parent.args.get("query") is sub:
+                negated = isinstance(parent.parent, exp.Not)
+                yield sub.this, "NOT IN" if negated else "IN"
+            else:
+                yield sub.this, "a scalar subquery"
+        for e in _own(root, exp.Exists):
+            if isinstance(e.this, exp.Select):
+                yield e.this, "NOT EXISTS" if isinstance(e.parent, exp.Not) else "EXISTS"
+
+
+def _own(e: exp.Expression, kind: type[exp.Expression]) -> list[exp.Expression]:
+    """The ``kind`` nodes in ``e``'s own scope."""
+    out, pending = [], [e]
+    while pending:
+        n = pending.pop()
+        if isinstance(n, kind):
+            out.append(n)
+        elif not isinstance(n, (exp.Subquery, exp.Select)):
+            pending.extend(n.iter_expressions())
+    return out
+
+
+def _over_domain(
+    q: exp.Select,
+    outer: exp.Select,
+    inner: tuple[set[str], set[str]],
+    alias: str,
+    kind: str,
+) -> exp.Select | None:
+    """``q`` over the domain ``alias`` of the outer values its WHERE reads; None when the
+    rewrite does not apply (the lowerer then refuses ``q`` by name as before)."""
+    qualifiers, columns = inner
+    shaped = not any(q.args.get(k) for k in ("joins", "group", "having", "limit", "qualify"))
+    where = q.args.get("where")
+    if (
+        not shaped
+        or where is None
+        or not isinstance(q.args[FROM_ARG].this, exp.Table | exp.Subquery)
+    ):
+        return None
+    if any(_reads_outer(e, qualifiers, columns) for e in q.expressions):
+        return None
+    conjuncts = split_conjuncts(where.this)
+    local = [c for c in conjuncts if not _reads_outer(c, qualifiers, columns)]
+    correlated = [c for c in conjuncts if _reads_outer(c, qualifiers, columns)]
+    values: dict[str, exp.Column] = {}
+    for c in correlated:
+        for col in own_columns(c):
+            if not is_inner(col, qualifiers, columns):
+                values.setdefault(col.sql(), col)
+    names = {sql: f"{DOMAIN}{i}" for i, sql in enumerate(values)}
+    for sql in values:
+        if not any(_rejects_null(c, sql) for c in correlated):
+            raise SubqueryRefused(
+                f"{kind} correlated by a condition that may hold where {sql} is NULL "
+                f"({' AND '.join(c.sql(dialect='spark') for c in correlated)})",
+                correlated[0],
+            )
+    item = q.args[FROM_ARG].this
+    name = item.alias_or_name
+    on = [_read_from(c, names, alias) for c in correlated]
+    keyed = any(_paired_equality(c, qualifiers, columns) for c in correlated)
+    domain = _domain(outer, {n: values[s] for s, n in names.items()})
+    items = [] if "EXISTS" in kind else q.expressions  # what EXISTS selects is not read
+    selected = _read_columns(items, name, inner)
+    source, filters = item.copy(), [c.copy() for c in local]
+    if not keyed:  # no equality to join on: every row meets every domain value
+        domain.select(exp.Literal.number(1).as_(ONE), copy=False)
+        read = _read_columns([*items, *correlated], name, inner)
+        wrapped = exp.select(*read, exp.Literal.number(1).as_(ONE))
+        wrapped.set(FROM_ARG, exp.From(this=source))
+        if filters:  # the rows that may match, filtered before they are paired
+            wrapped.set("where", exp.Where(this=exp.and_(*filters)))
+        source = exp.Subquery(this=wrapped, alias=exp.TableAlias(this=exp.to_identifier(name)))
+        on.append(exp.column(ONE, table=name).eq(exp.column(ONE, table=alias)))
+        filters = []
+    paired = exp.select(*selected, *(exp.column(n, table=alias) for n in names.values()))
+    paired.set(FROM_ARG, exp.From(this=source))
+    domain_item = exp.Subquery(this=domain, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+    paired.set("joins", [exp.Join(this=domain_item)])
+    paired.set("where", exp.Where(this=exp.and_(*on, *filters)))
+    out = q.copy()
+    out.set(
+        FROM_ARG,
+        exp.From(
+            this=exp.Subquery(this=paired, alias=exp.TableAlias(this=exp.to_identifier(name)))
+        ),
+    )
+    keys = [exp.column(n, table=name).eq(values[s].copy()) for s, n in names.items()]
+    out.set("where", exp.Where(this=exp.and_(*keys)))
+    return out
+
+
+def _domain(outer: exp.Select, values: dict[str, exp.Column]) -> exp.Select:
+    """``SELECT DISTINCT <value> AS <name>, ... FROM <outer's FROM> WHERE <outer's conditions
+    without subqueries>``: every value an outer row that reaches the subquery reads (a row
+    the other conditions drop needs none)."""
+    domain = exp.select(*(v.copy().as_(n) for n, v in values.items())).distinct()
+    domain.set(FROM_ARG, outer.args[FROM_ARG].copy())
+    if outer.args.get("joins"):
+        domain.set("joins", [j.copy() for j in outer.args["joins"]])
+    where = outer.args.get("where")
+    conditions = split_conjuncts(where.this) if where is not None else []
+    plain = [c.copy() for c in conditions if not _holds_subquery(c)]
+    if plain:
+        domain.set("where", exp.Where(this=exp.and_(*plain)))
+    return domain
+
+
+def _read_columns(
+    read_by: list[exp.Expression], name: str, inner: tuple[set[str], set[str]]
+) -> list[exp.Column]:
+    """The columns of a subquery's FROM item (named ``name``) that ``read_by`` read: all of
+    them (``name.*``) where one selects ``*``."""
+    if any(isinstance(e, exp.Star) or isinstance(e.this, exp.Star) for e in read_by):
+        return [exp.Column(this=exp.Star(), table=exp.to_identifier(name))]
+    read = {col.name: None for e in read_by for col in own_columns(e) if is_inner(col, *inner)}
+    return [exp.column(c, table=name) for c in read]
+
+
+def _reads_outer(e: exp.Expression, qualifiers: set[str], columns: set[str]) -> bool:
+    return any(not is_inner(c, qualifiers, columns) for c in own_columns(e))
+
+
+def _holds_subquery(e: exp.Expression) -> bool:
+    return bool(scalar_subqueries(e) or _own(e, exp.Exists))
+
+
+def _read_from(c: exp.Expression, names: dict[str, str], alias: str) -> exp.Expression:
+    """A copy of correlated conjunct ``c`` reading each outer value from the domain."""
+
+    def swap(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Column) and n.sql() in names:
+            return exp.column(names[n.sql()], table=alias)
+        return n
+
+    return c.copy().transform(swap)
+
+
+def _paired_equality(c: exp.Expression, qualifiers: set[str], columns: set[str]) -> bool:
+    """Whether ``c`` is ``inner = outer``: one side reads only the subquery's columns, the
+    other only the outer row's (an equi-join key of the subquery with its domain)."""
+    if not isinstance(c, exp.EQ):
+        return False
+    sides = [own_columns(x) for x in (c.this, c.expression)]
+    if not all(sides):
+        return False
+    kinds = [{is_inner(col, qualifiers, columns) for col in s} for s in sides]
+    return sorted(map(tuple, kinds)) == [(False,), (True,)]
+
+
+def _rejects_null(c: exp.Expression, value: str) -> bool:
+    """Whether condition ``c`` is not true when outer value ``value`` is NULL: a comparison
+    reading it through NULL-propagating arithmetic, a conjunction with one such, or a
+    disjunction of such."""
+    while isinstance(c, exp.Paren):
+        c = c.this
+    if isinstance(c, exp.And):
+        return _rejects_null(c.this, value) or _rejects_null(c.expression, value)
+    if isinstance(c, exp.Or):
+        return _rejects_null(c.this, value) and _rejects_null(c.expression, value)
+    if not isinstance(c, _STRICT):
+        return False
+    for col in own_columns(c):
+        if col.sql() != value:
+            continue
+        node = col.parent
+        while node is not c and isinstance(node, NULL_PROPAGATING):
+            node = node.parent
+        if node is c:
+            return True
+    return False
