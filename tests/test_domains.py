@@ -1,7 +1,7 @@
 """Subqueries correlated by any condition (``ivm.sql.domain``), against both oracles: EXISTS,
 NOT EXISTS, IN, NOT IN and scalar subqueries correlated by two comparisons, ``BETWEEN``, a
 comparison alone under NOT IN or in a scalar subquery, with or without an equality, under OR
-and over a join; over customers <- orders <- lines with NULL keys, hot keys, duplicates and
+and over a join; and EXISTS/NOT IN subqueries that join (the join one internal view); over customers <- orders <- lines with NULL keys, hot keys, duplicates and
 rows that stop and start matching (``tests.lakegen.JoinLake``).
 
 After every epoch each view equals DuckDB's and Spark's from-scratch results of its own SQL
@@ -66,6 +66,26 @@ VIEWS = {
         WHERE o_cust IN (SELECT l_qty FROM lines l
                          WHERE l.l_order > o.o_id AND l.l_order < o.o_id + 3)
     """,
+    # subqueries that join: the join one FROM item (an internal view), then as a table
+    "orders_with_auto_lines": """
+        CREATE VIEW orders_with_auto_lines AS
+        SELECT o_id, o_status FROM orders o
+        WHERE EXISTS (SELECT 1 FROM lines l JOIN customers c ON c.c_id = l.l_no
+                      WHERE l.l_order = o.o_id AND c.c_seg = 'AUTO')
+    """,
+    "orders_not_in_joined": """
+        CREATE VIEW orders_not_in_joined AS
+        SELECT o_id, o_cust FROM orders o
+        WHERE o_cust NOT IN (SELECT c.c_id FROM lines l JOIN customers c ON c.c_id = l.l_qty
+                             WHERE l.l_price > 90)
+    """,
+    "orders_under_joined_bounds": """
+        CREATE VIEW orders_under_joined_bounds AS
+        SELECT o_id FROM orders o
+        WHERE EXISTS (SELECT 1 FROM lines l, customers c
+                      WHERE c.c_id = l.l_no AND l.l_order = o.o_id
+                        AND l.l_price * 20 > o.o_total AND c.c_id < o.o_cust)
+    """,
 }
 
 
@@ -78,8 +98,9 @@ def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_poli
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     assert not engine.plan.broken
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
-    domains = {n for n in internal if "_ivm_domain" in n}
-    assert len(domains) == 5, internal  # 3 views read the same values of orders: one domain
+    domains = {n for n in internal if "__domain" in n}
+    # 3 views read the same values of orders: one domain
+    assert len(domains) == 6, internal
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
     paths = ["driver", "spark"] * batches(4, bound=1)
@@ -132,7 +153,7 @@ def test_the_domain_is_an_internal_view_in_explain():
     names = sorted(plan.views)
     assert names == [
         "orders_with_line_in_band",
-        "orders_with_line_in_band___ivm_domain0",
+        "orders_with_line_in_band__domain",
         "orders_with_line_in_band__l",
     ]
-    assert plan.views["orders_with_line_in_band___ivm_domain0"].columns == ("__ivm_d0", "__ivm_d1")
+    assert plan.views["orders_with_line_in_band__domain"].columns == ("__ivm_d0", "__ivm_d1")

@@ -34,7 +34,7 @@ same result as the original at every time, so its updates are the original's upd
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sqlglot import exp
 
@@ -60,12 +60,16 @@ _STRICT = (*COMPARISONS, exp.Between, exp.Like, exp.ILike)
 
 
 def by_domain(
-    select: exp.Select, inner_columns: InnerColumns, first_number: int
+    select: exp.Select,
+    inner_columns: InnerColumns,
+    first_number: int,
+    one_item: Callable[[exp.Select], exp.Select],
 ) -> tuple[exp.Select, int]:
     """``select`` with each subquery of its WHERE and SELECT list that is correlated other
     than :mod:`ivm.sql.subqueries` takes rewritten over the domain of the outer values it
     reads (module doc); the domains are ``_ivm_domain<n>``, from ``first_number`` up. Also how
-    many were rewritten.
+    many were rewritten. ``one_item`` makes a subquery that joins read its join as one FROM
+    item (a derived table).
 
     Raises:
         SubqueryRefused: a correlation that may hold for a NULL outer value.
@@ -75,6 +79,8 @@ def by_domain(
     for q, kind in list(_subqueries(out)):
         if correlated_by_equalities(q, inner_columns(q), bounded=kind in _BOUNDED):
             continue
+        if q.args.get("joins"):
+            q = q.replace(one_item(q))
         rewritten = _over_domain(q, out, inner_columns(q), f"{DOMAIN_ALIAS}{number}", kind)
         if rewritten is not None:
             q.replace(rewritten)

@@ -51,7 +51,7 @@ from ivm.plan.ir import (
     simplify,
     walk,
 )
-from ivm.sql.domain import by_domain
+from ivm.sql.domain import DOMAIN_ALIAS, by_domain
 from ivm.sql.lower_reduce import Ranked, ReduceLowering, rank_bound
 from ivm.sql.nest import NESTED, NestRefused, nest_join
 from ivm.sql.parse import DIALECT, ParsedView, position
@@ -68,6 +68,7 @@ from ivm.sql.subqueries import (
     GROUPED,
     JOINED,
     ONE,
+    SUBQUERY_JOIN,
     SubqueryRefused,
     anti_bounded,
     bounded_exists,
@@ -85,6 +86,7 @@ from ivm.sql.subqueries import (
     tests_joined,
     uncorrelated_exists,
     wrap_join,
+    wrap_subquery_join,
 )
 from ivm.sql.windows import WindowRefused, lift_grouped, placed, window_calls
 
@@ -269,8 +271,39 @@ class _Lowerer(ReduceLowering):
         if len(subqueries) > 1:
             raise self.unsupported("more than one EXISTS/IN subquery in WHERE", subqueries[1])
         if subqueries:
-            return self.semi_join(rel, subqueries[0], plain, ctes), scope
+            predicate = self._subquery_join_wrapped(subqueries[0], ctes)
+            return self.semi_join(rel, predicate, plain, ctes), scope
         return Filter(node, self.expression(exp.and_(*conjuncts), scope, "WHERE")), scope
+
+    def _subquery_join_wrapped(
+        self, predicate: exp.Expression, ctes: Mapping[str, Node]
+    ) -> exp.Expression:
+        """``[NOT] EXISTS``/``[NOT] IN`` whose subquery joins, with the join made one FROM
+        item (:meth:`_one_item`): the semi-join reads it as an internal view. ``predicate``
+        itself when its subquery does not join."""
+        _, query, _ = subquery_predicate(predicate)
+        q = query.this if isinstance(query, exp.Subquery) else query
+        if not isinstance(q, exp.Select) or not _arg(q, "joins"):
+            return predicate
+        out = predicate.copy()
+        _, inner, _ = subquery_predicate(out)
+        (inner.this if isinstance(inner, exp.Subquery) else inner).replace(self._one_item(q, ctes))
+        return out
+
+    def _one_item(self, q: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """Subquery ``q``, which joins, reading its join as one FROM item
+        (:func:`ivm.sql.subqueries.wrap_subquery_join`)."""
+        from_ = _arg(q, "from")
+        assert isinstance(from_, exp.From)  # a SELECT with joins has a FROM
+        first, joins = _unfolded(from_.this, list(_arg(q, "joins")))
+        labels, subqueries = self._labels, self._subqueries  # a probe, as in _outer_nested
+        scope, _ = self.from_items(first, joins, ctes)
+        self._labels, self._subqueries = labels, subqueries
+        relations = [(r.alias, r.qualifiers, r.node.columns) for r in scope.relations]
+        visible = scope.visible or [
+            (i, c) for i, r in enumerate(scope.relations) for c in r.node.columns
+        ]
+        return wrap_subquery_join(q, relations, visible, self._inner_columns(ctes))
 
     def select_list(
         self,
@@ -429,7 +462,9 @@ class _Lowerer(ReduceLowering):
         """``s`` with each subquery correlated other than by equalities made correlated by
         equalities with the domain of the outer values it reads (:mod:`ivm.sql.domain`)."""
         try:
-            out, added = by_domain(s, self._inner_columns(ctes), self._domains)
+            out, added = by_domain(
+                s, self._inner_columns(ctes), self._domains, partial(self._one_item, ctes=ctes)
+            )
         except SubqueryRefused as e:
             raise self.unsupported(e.construct, e.at) from None
         self._domains += added
@@ -1282,6 +1317,10 @@ class _Lowerer(ReduceLowering):
                 label, alias = f"subquery at {line}:{col}", alias.replace(HIDDEN_PREFIX, "subquery")
             elif alias == JOINED:  # a join a NOT EXISTS/NOT IN filters (wrap_join)
                 label, alias = "the join filtered by NOT EXISTS/NOT IN", "join"
+            elif alias.startswith(DOMAIN_ALIAS):  # the outer values a subquery reads
+                label, alias = "the outer values a subquery reads (its domain)", "domain"
+            elif alias == SUBQUERY_JOIN:  # a join inside EXISTS/IN (wrap_subquery_join)
+                label, alias = "the join inside an EXISTS/IN subquery", "subquery_join"
             elif alias.startswith(NESTED):  # a join's first inputs (nest_join)
                 label, alias = (
                     "the first inputs of a join of more than two with an outer join",

@@ -800,6 +800,39 @@ def wrap_join(
     return out
 
 
+SUBQUERY_JOIN = "_ivm_sj"
+"""The alias of the join inside an ``EXISTS``/``IN`` subquery (:func:`wrap_subquery_join`)."""
+
+
+def wrap_subquery_join(
+    q: exp.Select,
+    relations: Relations,
+    visible: Sequence[tuple[int, str]],
+    inner_columns: InnerColumns,
+) -> exp.Select:
+    """Subquery ``SELECT ... FROM a JOIN b ... WHERE own AND correlated`` as ``SELECT ...
+    FROM (SELECT a.x AS a__x, ... FROM a JOIN b ... WHERE own) AS _ivm_sj WHERE
+    correlated``: its join becomes one FROM item (an internal view), which a semi- or
+    anti-join reads as it reads a table. ``relations`` and ``visible`` describe its FROM
+    items as :func:`wrap_join`'s do."""
+    join = JoinColumns(relations, visible, SUBQUERY_JOIN)
+    qualifiers, columns = inner_columns(q)
+    where = q.args.get("where")
+    conjuncts = split_conjuncts(where.this) if where is not None else []
+    own = [c for c in conjuncts if all(is_inner(x, qualifiers, columns) for x in own_columns(c))]
+    correlated = [join.rewritten(c) for c in conjuncts if not any(c is o for o in own)]
+    out = q.copy()
+    out.set("expressions", join.items(q))
+    for key in ("group", "having", "order", "qualify"):
+        if q.args.get(key):
+            out.set(key, join.rewritten(q.args[key]))
+    out.set("where", exp.Where(this=exp.and_(*correlated)) if correlated else None)
+    out.set("joins", None)
+    first = q.args[FROM_ARG].this
+    out.set(FROM_ARG, exp.From(this=join.derived(first, q.args["joins"], own)))
+    return out
+
+
 def _subquery_of(predicate: exp.Expression) -> exp.Select:
     """The query of ``[NOT] EXISTS (q)`` or ``x [NOT] IN (q)`` (a SELECT: the callers'
     :func:`subquery_predicate` checks have seen it)."""

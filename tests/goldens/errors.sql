@@ -52,8 +52,8 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
 -- case: exists correlated by a condition true for a NULL outer value
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey = o.o_custkey OR c.c_nationkey = o.o_orderkey)
--- case: exists over a join correlated by two comparisons
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c JOIN orders i ON i.o_custkey = c.c_custkey WHERE c.c_custkey < o.o_custkey AND c.c_custkey > o.o_orderkey)
+-- case: IN with LIMIT correlated
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT c_custkey FROM customer c WHERE c.c_nationkey = o.o_orderkey ORDER BY c_acctbal LIMIT 3)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
 -- case: two NOT IN over a join, one grouped
