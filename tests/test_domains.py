@@ -1,7 +1,8 @@
 """Subqueries correlated by any condition (``ivm.sql.domain``), against both oracles: EXISTS,
 NOT EXISTS, IN, NOT IN and scalar subqueries correlated by two comparisons, ``BETWEEN``, a
 comparison alone under NOT IN or in a scalar subquery, with or without an equality, under OR
-and over a join; and EXISTS/NOT IN subqueries that join (the join one internal view); over customers <- orders <- lines with NULL keys, hot keys, duplicates and
+and over a join; EXISTS/NOT IN subqueries that join (the join one internal view); EXISTS, NOT EXISTS and IN
+subqueries that group (grouped by their correlation too); over customers <- orders <- lines with NULL keys, hot keys, duplicates and
 rows that stop and start matching (``tests.lakegen.JoinLake``).
 
 After every epoch each view equals DuckDB's and Spark's from-scratch results of its own SQL
@@ -86,6 +87,21 @@ VIEWS = {
                       WHERE c.c_id = l.l_no AND l.l_order = o.o_id
                         AND l.l_price * 20 > o.o_total AND c.c_id < o.o_cust)
     """,
+    # subqueries that group, correlated: grouped by their correlation too
+    "orders_with_repeated_qty": """
+        CREATE VIEW orders_with_repeated_qty AS
+        SELECT o_id, o_cust FROM orders o
+        WHERE o_cust IN (SELECT l_qty FROM lines l WHERE l.l_order < o.o_id + 2
+                         GROUP BY l_qty HAVING count(*) > 1)
+    """,
+    "orders_without_heavy_lines": """
+        CREATE VIEW orders_without_heavy_lines AS
+        SELECT o_id, o_status FROM orders o
+        WHERE NOT EXISTS (SELECT 1 FROM lines l WHERE l.l_order = o.o_id
+                          HAVING sum(l_qty) > 60)
+          AND EXISTS (SELECT l_no FROM lines l WHERE l.l_order = o.o_id
+                      GROUP BY l_no HAVING max(l_price) > 50)
+    """,
 }
 
 
@@ -99,7 +115,7 @@ def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_poli
     assert not engine.plan.broken
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
     domains = {n for n in internal if "__domain" in n}
-    # 3 views read the same values of orders: one domain
+    # views that read the same values of orders share one domain (3 views, and 2)
     assert len(domains) == 6, internal
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)

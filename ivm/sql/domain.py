@@ -39,13 +39,15 @@ from collections.abc import Callable, Iterator
 from sqlglot import exp
 
 from ivm.sql.nest import FROM_ARG, own_columns
-from ivm.sql.scope import ONE, split_conjuncts
+from ivm.sql.scope import ONE, is_aggregate, split_conjuncts
 from ivm.sql.subqueries import (
     COMPARISONS,
+    EMPTY_NOT_NULL,
     NULL_PROPAGATING,
     InnerColumns,
     SubqueryRefused,
     correlated_by_equalities,
+    correlation_keys,
     is_inner,
     scalar_subqueries,
 )
@@ -77,15 +79,91 @@ def by_domain(
     out = select.copy()
     number = first_number
     for q, kind in list(_subqueries(out)):
-        if correlated_by_equalities(q, inner_columns(q), bounded=kind in _BOUNDED):
-            continue
-        if q.args.get("joins"):
-            q = q.replace(one_item(q))
-        rewritten = _over_domain(q, out, inner_columns(q), f"{DOMAIN_ALIAS}{number}", kind)
-        if rewritten is not None:
-            q.replace(rewritten)
+        grouped = kind != SCALAR and any(q.args.get(k) for k in _GROUPING)
+        bounded = kind in _BOUNDED and not grouped  # a value span per key is not per group
+        if not correlated_by_equalities(q, inner_columns(q), bounded=bounded):
+            if q.args.get("joins"):
+                q = q.replace(one_item(q))
+            alias = f"{DOMAIN_ALIAS}{number}"
+            rewritten = _over_domain(q, out, inner_columns(q), alias, kind)
+            if rewritten is None:
+                continue
+            q = q.replace(rewritten)
             number += 1
+        if grouped and not q.args.get("limit"):
+            q.replace(grouped_by_correlation(q, inner_columns(q)))
     return out, number - first_number
+
+
+SCALAR = "a scalar subquery"
+_GROUPING = ("group", "having", "distinct")
+"""The clauses that group a subquery's rows (its correlation must group them too)."""
+
+
+def grouped_by_correlation(q: exp.Select, inner: tuple[set[str], set[str]]) -> exp.Select:
+    """An ``EXISTS``/``IN`` subquery that groups (``GROUP BY``, ``HAVING``, ``DISTINCT``),
+    correlated by equalities, grouped by its correlation too: ``SELECT k FROM t WHERE t.z =
+    o.z AND p GROUP BY k HAVING h`` as ``SELECT g._c0 FROM (SELECT k AS _c0, t.z AS _g0 FROM
+    t WHERE p GROUP BY k, t.z HAVING h) AS g WHERE g._g0 = o.z``: each outer row meets the
+    groups of exactly its rows, and the derived table is an internal view. ``q`` itself when
+    it is not correlated."""
+    own, inner_keys, outer_keys = correlation_keys(q, inner)
+    if not inner_keys or (q.args.get("having") and not _empty_when_no_rows(q)):
+        return q
+    derived = q.copy()
+    derived.set(
+        "expressions",
+        [
+            *(_unaliased(e).copy().as_(f"_c{j}") for j, e in enumerate(q.expressions)),
+            *(k.copy().as_(f"_g{i}") for i, k in enumerate(inner_keys)),
+        ],
+    )
+    derived.set("where", exp.Where(this=exp.and_(*(c.copy() for c in own))) if own else None)
+    if q.args.get("group") or q.args.get("having"):
+        group = list(q.args["group"].expressions) if q.args.get("group") else []
+        derived.set("group", exp.Group(expressions=[*group, *(k.copy() for k in inner_keys)]))
+    name = GROUPED_SUBQUERY
+    out = exp.select(*(exp.column(f"_c{j}", table=name) for j in range(len(q.expressions))))
+    out.set(
+        FROM_ARG,
+        exp.From(
+            this=exp.Subquery(this=derived, alias=exp.TableAlias(this=exp.to_identifier(name)))
+        ),
+    )
+    keys = [exp.column(f"_g{i}", table=name).eq(o.copy()) for i, o in enumerate(outer_keys)]
+    out.set("where", exp.Where(this=exp.and_(*keys)))
+    return out
+
+
+GROUPED_SUBQUERY = "_ivm_gs"
+"""The alias of a grouping subquery grouped by its correlation (:func:`grouped_by_correlation`)."""
+
+
+def _empty_when_no_rows(q: exp.Select) -> bool:
+    """Whether ``q`` gives no row over no rows: it groups (no group then), or its HAVING
+    compares aggregates that are NULL over no rows (no COUNT) through NULL-propagating
+    arithmetic. (An outer row without rows of its own has no group once grouped by the
+    correlation, where ``HAVING count(*) = 0`` over its rows would give one.)"""
+    if q.args.get("group"):
+        return True
+
+    def null_over_no_rows(n: exp.Expression) -> bool:
+        if is_aggregate(n):
+            return not isinstance(n, EMPTY_NOT_NULL)
+        if isinstance(n, exp.Literal):
+            return False
+        operands = [a for a in n.iter_expressions() if not isinstance(a, exp.DataType)]
+        return isinstance(n, NULL_PROPAGATING) and any(map(null_over_no_rows, operands))
+
+    conditions = split_conjuncts(q.args["having"].this)
+    return any(
+        isinstance(c, _STRICT) and any(map(null_over_no_rows, c.iter_expressions()))
+        for c in conditions
+    )
+
+
+def _unaliased(e: exp.Expression) -> exp.Expression:
+    return e.this if isinstance(e, exp.Alias) else e
 
 
 _BOUNDED = ("EXISTS", "NOT EXISTS", "IN")
@@ -104,7 +182,7 @@ def _subqueries(select: exp.Select) -> Iterator[tuple[exp.Select, str]]:
                 negated = isinstance(parent.parent, exp.Not)
                 yield sub.this, "NOT IN" if negated else "IN"
             else:
-                yield sub.this, "a scalar subquery"
+                yield sub.this, SCALAR
         for e in _own(root, exp.Exists):
             if isinstance(e.this, exp.Select):
                 yield e.this, "NOT EXISTS" if isinstance(e.parent, exp.Not) else "EXISTS"
@@ -132,7 +210,7 @@ def _over_domain(
     """``q`` over the domain ``alias`` of the outer values its WHERE reads; None when the
     rewrite does not apply (the lowerer then refuses ``q`` by name as before)."""
     qualifiers, columns = inner
-    shaped = not any(q.args.get(k) for k in ("joins", "group", "having", "limit", "qualify"))
+    shaped = not any(q.args.get(k) for k in ("joins", "limit", "qualify"))
     where = q.args.get("where")
     if (
         not shaped
@@ -140,7 +218,8 @@ def _over_domain(
         or not isinstance(q.args[FROM_ARG].this, exp.Table | exp.Subquery)
     ):
         return None
-    if any(_reads_outer(e, qualifiers, columns) for e in q.expressions):
+    grouping = [q.args[k] for k in ("group", "having") if q.args.get(k)]
+    if any(_reads_outer(e, qualifiers, columns) for e in [*q.expressions, *grouping]):
         return None
     conjuncts = split_conjuncts(where.this)
     local = [c for c in conjuncts if not _reads_outer(c, qualifiers, columns)]
@@ -163,7 +242,7 @@ def _over_domain(
     on = [_read_from(c, names, alias) for c in correlated]
     keyed = any(_paired_equality(c, qualifiers, columns) for c in correlated)
     domain = _domain(outer, {n: values[s] for s, n in names.items()})
-    items = [] if "EXISTS" in kind else q.expressions  # what EXISTS selects is not read
+    items = [*([] if "EXISTS" in kind else q.expressions), *grouping]  # EXISTS reads no item
     selected = _read_columns(items, name, inner)
     source, filters = item.copy(), [c.copy() for c in local]
     if not keyed:  # no equality to join on: every row meets every domain value
@@ -216,8 +295,13 @@ def _read_columns(
     them (``name.*``) where one selects ``*``."""
     if any(isinstance(e, exp.Star) or isinstance(e.this, exp.Star) for e in read_by):
         return [exp.Column(this=exp.Star(), table=exp.to_identifier(name))]
-    read = {col.name: None for e in read_by for col in own_columns(e) if is_inner(col, *inner)}
-    return [exp.column(c, table=name) for c in read]
+    read: dict[str, exp.Column] = {}
+    for col in (c for e in read_by for c in own_columns(e) if is_inner(c, *inner)):
+        read.setdefault(col.name, col)
+    out = [col.copy() for col in read.values()]  # as written: errors point at them
+    for col in out:
+        col.set("table", exp.to_identifier(name))
+    return out
 
 
 def _reads_outer(e: exp.Expression, qualifiers: set[str], columns: set[str]) -> bool:

@@ -53,7 +53,7 @@ NULL_PROPAGATING = (
     exp.Cast,
     exp.Literal,
 )
-_EMPTY_NOT_NULL = (exp.Count, exp.CountIf, exp.ArrayAgg, exp.ApproxDistinct)
+EMPTY_NOT_NULL = (exp.Count, exp.CountIf, exp.ArrayAgg, exp.ApproxDistinct)
 """Aggregates whose value over no rows is not NULL (``COUNT`` is 0)."""
 
 
@@ -702,6 +702,15 @@ def correlated_by_equalities(
     return True
 
 
+def correlation_keys(
+    q: exp.Select, inner: tuple[set[str], set[str]]
+) -> tuple[list[exp.Expression], list[exp.Expression], list[exp.Expression]]:
+    """Subquery ``q``'s own conditions, and the inner and outer sides of its ``inner =
+    outer`` equalities (which must be all its correlation, :func:`correlated_by_equalities`)."""
+    own, inner_keys, outer_keys, _ = _correlation(q, inner, "a subquery")
+    return own, inner_keys, outer_keys
+
+
 def _refuse(construct: str, at: exp.Expression) -> SubqueryRefused:
     return SubqueryRefused(construct, at)
 
@@ -723,7 +732,7 @@ def _null_over_no_rows(e: exp.Expression) -> bool:
     """Whether ``e`` (a subquery's value) is NULL when it aggregates no rows: every path from
     it to an aggregate goes through NULL-propagating arithmetic, and no aggregate is COUNT."""
     if is_aggregate(e):
-        return not isinstance(e, _EMPTY_NOT_NULL)
+        return not isinstance(e, EMPTY_NOT_NULL)
     if isinstance(e, exp.Literal):
         return True
     if not isinstance(e, NULL_PROPAGATING):

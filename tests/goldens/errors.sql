@@ -90,8 +90,8 @@ CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o
 CREATE VIEW v AS SELECT o_custkey, sum(o_totalprice) AS s FROM orders GROUP BY o_custkey ORDER BY max(o_orderkey) LIMIT 2
 -- case: inner join condition reads a later input
 CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON o.o_custkey = x.c_custkey JOIN customer x ON x.c_custkey = c.c_custkey
--- case: IN over a grouped subquery correlated by a comparison
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT o_custkey FROM orders i WHERE i.o_orderdate < o.o_orderdate GROUP BY o_custkey HAVING count(*) > 1)
+-- case: IN over a grouped subquery reading the outer row in HAVING
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT o_custkey FROM orders i WHERE i.o_totalprice < o.o_totalprice GROUP BY o_custkey HAVING max(i.o_orderkey) > o.o_orderkey)
 -- case: scalar subquery collecting
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE size(o_orderkey) > (SELECT size(collect_list(o_orderkey)) FROM orders i WHERE i.o_custkey = o.o_custkey)
 -- case: full join using
