@@ -55,7 +55,8 @@ from ivm.sql.subqueries import (
 DOMAIN = "__ivm_d"
 """The prefix of the domain's columns (``__ivm_d0``...)."""
 DOMAIN_ALIAS = "_ivm_domain"
-"""The prefix of the domains' aliases (``_ivm_domain0``...)."""
+"""The alias of a domain (one per subquery's scope: the same SQL wherever it is lowered, so
+views and repeated lowerings share its internal view)."""
 
 _STRICT = (*COMPARISONS, exp.Between, exp.Like, exp.ILike)
 """Conditions that are not true when an operand is NULL."""
@@ -64,35 +65,31 @@ _STRICT = (*COMPARISONS, exp.Between, exp.Like, exp.ILike)
 def by_domain(
     select: exp.Select,
     inner_columns: InnerColumns,
-    first_number: int,
     one_item: Callable[[exp.Select], exp.Select],
-) -> tuple[exp.Select, int]:
+) -> exp.Select:
     """``select`` with each subquery of its WHERE and SELECT list that is correlated other
     than :mod:`ivm.sql.subqueries` takes rewritten over the domain of the outer values it
-    reads (module doc); the domains are ``_ivm_domain<n>``, from ``first_number`` up. Also how
-    many were rewritten. ``one_item`` makes a subquery that joins read its join as one FROM
-    item (a derived table).
+    reads (module doc), and each ``EXISTS``/``IN`` subquery that groups grouped by its
+    correlation too (:func:`grouped_by_correlation`). ``one_item`` makes a subquery that
+    joins read its join as one FROM item (a derived table).
 
     Raises:
         SubqueryRefused: a correlation that may hold for a NULL outer value.
     """
     out = select.copy()
-    number = first_number
     for q, kind in list(_subqueries(out)):
         grouped = kind != SCALAR and any(q.args.get(k) for k in _GROUPING)
         bounded = kind in _BOUNDED and not grouped  # a value span per key is not per group
         if not correlated_by_equalities(q, inner_columns(q), bounded=bounded):
             if q.args.get("joins"):
                 q = q.replace(one_item(q))
-            alias = f"{DOMAIN_ALIAS}{number}"
-            rewritten = _over_domain(q, out, inner_columns(q), alias, kind)
+            rewritten = _over_domain(q, out, inner_columns(q), kind)
             if rewritten is None:
                 continue
             q = q.replace(rewritten)
-            number += 1
         if grouped and not q.args.get("limit"):
             q.replace(grouped_by_correlation(q, inner_columns(q)))
-    return out, number - first_number
+    return out
 
 
 SCALAR = "a scalar subquery"
@@ -204,11 +201,11 @@ def _over_domain(
     q: exp.Select,
     outer: exp.Select,
     inner: tuple[set[str], set[str]],
-    alias: str,
     kind: str,
 ) -> exp.Select | None:
-    """``q`` over the domain ``alias`` of the outer values its WHERE reads; None when the
-    rewrite does not apply (the lowerer then refuses ``q`` by name as before)."""
+    """``q`` over the domain of the outer values its WHERE reads; None when the rewrite does
+    not apply (the lowerer then refuses ``q`` by name as before)."""
+    alias = DOMAIN_ALIAS
     qualifiers, columns = inner
     shaped = not any(q.args.get(k) for k in ("joins", "limit", "qualify"))
     where = q.args.get("where")

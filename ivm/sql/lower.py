@@ -131,7 +131,6 @@ class _Lowerer(ReduceLowering):
         self.names_in_use = set(names_in_use)
         self._subqueries = 0  # subqueries made joins so far (numbers their aliases)
         self._nested = 0  # joins nested into derived tables so far (numbers their aliases)
-        self._domains = 0  # subqueries rewritten over their outer domain (numbers them)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -462,13 +461,9 @@ class _Lowerer(ReduceLowering):
         """``s`` with each subquery correlated other than by equalities made correlated by
         equalities with the domain of the outer values it reads (:mod:`ivm.sql.domain`)."""
         try:
-            out, added = by_domain(
-                s, self._inner_columns(ctes), self._domains, partial(self._one_item, ctes=ctes)
-            )
+            return by_domain(s, self._inner_columns(ctes), partial(self._one_item, ctes=ctes))
         except SubqueryRefused as e:
             raise self.unsupported(e.construct, e.at) from None
-        self._domains += added
-        return out
 
     def _decorrelated(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with its WHERE's comparisons against scalar subqueries made joins
@@ -1317,7 +1312,7 @@ class _Lowerer(ReduceLowering):
                 label, alias = f"subquery at {line}:{col}", alias.replace(HIDDEN_PREFIX, "subquery")
             elif alias == JOINED:  # a join a NOT EXISTS/NOT IN filters (wrap_join)
                 label, alias = "the join filtered by NOT EXISTS/NOT IN", "join"
-            elif alias.startswith(DOMAIN_ALIAS):  # the outer values a subquery reads
+            elif alias == DOMAIN_ALIAS:  # the outer values a subquery reads
                 label, alias = "the outer values a subquery reads (its domain)", "domain"
             elif alias == SUBQUERY_JOIN:  # a join inside EXISTS/IN (wrap_subquery_join)
                 label, alias = "the join inside an EXISTS/IN subquery", "subquery_join"
