@@ -16,6 +16,7 @@ import pytest
 
 from engine.facade import Engine
 from ivm.errors import SqlError
+from ivm.plan.explain import explain
 from ivm.plan.planner import plan_views
 from ivm.policy import Policy
 from ivm.sql.parse import parse_view
@@ -131,6 +132,7 @@ def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_poli
 
 
 SCHEMAS = {
+    "customers": ("c_id", "c_name", "c_seg"),
     "orders": ("o_id", "o_cust", "o_total", "o_status"),
     "lines": ("l_order", "l_no", "l_qty", "l_price"),
 }
@@ -173,3 +175,10 @@ def test_the_domain_is_an_internal_view_in_explain():
         "orders_with_line_in_band__l",
     ]
     assert plan.views["orders_with_line_in_band__domain"].columns == ("__ivm_d0", "__ivm_d1")
+
+
+def test_a_domain_without_equalities_says_what_a_change_costs():
+    plan = plan_views([parse_view(VIEWS["orders_under_two_bounds"], "v.sql")], SCHEMAS).check()
+    text = "\n".join(explain(v, plan) for v in plan.views.values())
+    assert "no equality links l, _ivm_domain (joined on a constant)" in text
+    assert "orders_under_two_bounds__domain" in text

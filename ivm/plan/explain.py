@@ -62,7 +62,12 @@ def _join_lines(node: Join, depth: int) -> list[str]:
     lines = [pad + f"{kind} {len(node.inputs)} inputs on {', '.join(keys)}"]
     for cls in node.equivalences:
         constant = [node.inputs[i].alias for i, c in cls if c.endswith(ONE)]
-        if constant:
+        if len(constant) == len(node.inputs):  # a domain without equalities (ivm.sql.domain)
+            lines.append(
+                pad + f"  note: no equality links {', '.join(constant)} (joined on a constant): "
+                "a change to one input is compared with every row of the others"
+            )
+        elif constant:
             lines.append(
                 pad + f"  note: {', '.join(constant)} joins an uncorrelated subquery's one row on "
                 "a constant: when its value changes, every row of "
