@@ -25,12 +25,6 @@ TEST_SPARK_CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.driver.memory": "2g",
-    # The suite's inputs are tiny and most of its plans run once: adaptive execution (a job
-    # per query stage) and whole-stage code generation (a compile per plan) cost the suite's
-    # CPU more than they save (a test of twelve views: 126s with them, 103s without). The
-    # demo and the bench run the engine's own settings (resources.spark.spark_conf).
-    "spark.sql.adaptive.enabled": "false",
-    "spark.sql.codegen.wholeStage": "false",
 }
 
 
