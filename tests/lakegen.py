@@ -11,13 +11,16 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
+from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
+from ivm.policy import Policy
 
 BATCHES_ENV = "IVM_TEST_BATCHES"
 """How many random batches the oracle tests run at most (by default each test's bound: the
@@ -33,6 +36,25 @@ def check_both_oracles(engine, *, spark: bool = True) -> None:
     for c in [*compare_views(engine), *spark_checks]:
         assert c.equal, c.describe()
         assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
+
+
+def epochs_on_both_paths(
+    engine: Engine, lake: JoinLake, use_policy: Callable[..., Policy], paths: Sequence[str]
+) -> None:
+    """A random batch of ``lake`` per path, refreshed where the policy in force places it
+    (``"driver"``) or by Spark alone (``"spark"``); after each, every view checked against
+    DuckDB, and after the last against Spark too (:func:`check_both_oracles`)."""
+    default = use_policy()
+    for n, path in enumerate(paths, 1):
+        use_policy(Policy.spark_only() if path == "spark" else default)
+        lake.random_batch()
+        report = engine.refresh()
+        assert report.ok, [(v.view, v.error) for v in report.views if v.error]
+        assert {v.view for v in report.views} == set(engine.plan.order)
+        if path == "spark":  # nothing: no input of the view changed
+            assert {v.computed_by for v in report.views} <= {"spark", "nothing"}
+        check_both_oracles(engine, spark=n == len(paths))
+    use_policy(default)
 
 
 def batches(n: int, bound: int = 2) -> int:

@@ -18,9 +18,8 @@ from engine.facade import Engine
 from ivm.errors import SqlError
 from ivm.plan.explain import explain
 from ivm.plan.planner import plan_views
-from ivm.policy import Policy
 from ivm.sql.parse import parse_view
-from tests.lakegen import JoinLake, batches, check_both_oracles
+from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
 
 VIEWS = {
     "orders_with_line_in_band": """
@@ -110,7 +109,6 @@ VIEWS = {
 def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by
     Spark alone; every view checked against both oracles after each."""
-    default = use_policy()
     lake = JoinLake(tmp_path / "data", seed=33)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     assert not engine.plan.broken
@@ -120,15 +118,7 @@ def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_poli
     assert len(domains) == 6, internal
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
-    paths = ["driver", "spark"] * batches(4, bound=1)
-    for n, path in enumerate(paths, 1):
-        use_policy(Policy.spark_only() if path == "spark" else default)
-        lake.random_batch()
-        report = engine.refresh()
-        assert report.ok, [(v.view, v.error) for v in report.views if v.error]
-        if path == "spark":
-            assert {v.computed_by for v in report.views} <= {"spark", "nothing"}
-        check_both_oracles(engine, spark=n == len(paths))
+    epochs_on_both_paths(engine, lake, use_policy, ["driver", "spark"] * batches(4, bound=1))
 
 
 SCHEMAS = {

@@ -25,9 +25,8 @@ from engine.facade import Engine
 from ivm.errors import SqlError
 from ivm.plan.ir import Filter, Join, Node, walk
 from ivm.plan.planner import plan_views
-from ivm.policy import Policy
 from ivm.sql.parse import parse_view
-from tests.lakegen import JoinLake, batches, check_both_oracles
+from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
 
 VIEWS = {
     "left_chain": """
@@ -293,21 +292,9 @@ def test_outer_joins_of_more_inputs_match_both_oracles(spark, make_project, tmp_
     Spark alone (one, where the policy places it, unless IVM_TEST_BATCHES asks for more);
     every view checked against DuckDB after each, and all, internal ones included, against
     Spark after the last."""
-    default = use_policy()
     lake = JoinLake(tmp_path / "data", seed=31)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
     # outer joins are Spark's on either path: one epoch each way only with more batches
-    paths = (["driver", "spark"] * 4)[: batches(8, bound=1)]
-    for n, path in enumerate(paths, 1):
-        use_policy(Policy.spark_only() if path == "spark" else default)
-        lake.random_batch()
-        report = engine.refresh()
-        assert report.ok, [(v.view, v.error) for v in report.views if v.error]
-        if path == "spark":
-            assert {v.computed_by for v in report.views} <= {
-                "spark",
-                "nothing",
-            }  # nothing: no input changed
-        check_both_oracles(engine, spark=n == len(paths))
+    epochs_on_both_paths(engine, lake, use_policy, (["driver", "spark"] * 4)[: batches(8, bound=1)])

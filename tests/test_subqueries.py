@@ -26,8 +26,7 @@ from dagster_project.jobs import REFRESH_JOB
 from engine.facade import Engine
 from engine.oracle import compare_views, spark_compare_views
 from ivm.config import load_project
-from ivm.policy import Policy
-from tests.lakegen import JoinLake, batches, check_both_oracles
+from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
 
 VIEWS = {
     "above_customer_average": """
@@ -163,7 +162,6 @@ VIEWS = {
 def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by
     Spark alone; every view checked against both oracles after each."""
-    default = use_policy()
     lake = JoinLake(tmp_path / "data", seed=21)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     internal = {n for n, v in engine.plan.views.items() if v.owner is not None}
@@ -176,19 +174,7 @@ def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_po
     assert len(internal) == 24, internal
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
-    paths = ["driver", "spark"] * batches(4, bound=1)
-    for n, path in enumerate(paths, 1):
-        use_policy(Policy.spark_only() if path == "spark" else default)
-        lake.random_batch()
-        report = engine.refresh()
-        assert report.ok, [(v.view, v.error) for v in report.views if v.error]
-        assert {v.view for v in report.views} == set(engine.plan.order)
-        if path == "spark":
-            assert {v.computed_by for v in report.views} <= {
-                "spark",
-                "nothing",
-            }  # nothing: no input changed
-        check_both_oracles(engine, spark=n == len(paths))
+    epochs_on_both_paths(engine, lake, use_policy, ["driver", "spark"] * batches(4, bound=1))
 
 
 @pytest.mark.spark
