@@ -28,6 +28,10 @@ The rewrite is exact only where an outer value that is NULL makes the correlatio
 (every outer column is read under a comparison through NULL-propagating arithmetic): the
 equalities on the domain then lose no row. Otherwise it is refused by name.
 
+An ``EXISTS``/``IN`` subquery that groups (``GROUP BY``, ``HAVING``, ``DISTINCT``) and is
+correlated by equalities, as written or over its domain, is grouped by its correlation too
+(:func:`grouped_by_correlation`), so each outer row meets the groups of its own rows.
+
 Contract in ``(data, time, diff)`` terms: a pure rewrite of SQL; the rewritten SELECT has the
 same result as the original at every time, so its updates are the original's updates.
 """
