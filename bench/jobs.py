@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.__main__ import WORK
+from demo.__main__ import write_project
 from demo.tpch import ALL_TABLES, apply_change_batch, create_sources, generate_parquet
 from engine.facade import Engine
 from ivm import policy
@@ -29,7 +31,6 @@ from ivm.policy import Policy
 from resources.spark import get_spark
 
 QUERIES = Path(__file__).resolve().parent.parent / "tests" / "tpch"
-UI_PORT = 4099
 
 
 def main() -> None:
@@ -39,20 +40,13 @@ def main() -> None:
     parser.add_argument("--path", choices=("spark", "policy"), default="spark")
     parser.add_argument("--views", default="q03")
     args = parser.parse_args()
+    parquet = generate_parquet(args.scale, WORK / f"tpch-sf{args.scale:g}", ALL_TABLES)
     root = Path(tempfile.mkdtemp(prefix="ivm-bench-jobs-"))
-    sources = create_sources(
-        generate_parquet(args.scale, root / "parquet", ALL_TABLES), root / "data", ALL_TABLES
-    )
-    project = root / "project"
-    (project / "views").mkdir(parents=True)
-    listed = "".join(f'{name} = "{uri}"\n' for name, uri in sources.items())
-    (project / "ivm.toml").write_text(f'lake = "lake"\nviews = "views"\n[sources]\n{listed}')
-    for path in sorted(QUERIES.glob("q*.sql")):
-        (project / "views" / path.name).write_text(path.read_text())
+    sources = create_sources(parquet, root / "data", ALL_TABLES)
+    project = write_project(root, sources, views=QUERIES)
     spark = get_spark(
         {
             "spark.ui.enabled": "true",
-            "spark.ui.port": str(UI_PORT),
             "spark.ui.retainedJobs": "100000",
             "spark.ui.retainedStages": "100000",
         }
@@ -74,8 +68,8 @@ def main() -> None:
     )
     for v in sorted(report.views, key=lambda v: -v.seconds):
         print(f"  {v.view:32s} {v.seconds:6.2f}s {v.spark_jobs or 0:4d} jobs  {v.computed_by}")
-    app = spark.sparkContext.applicationId
-    url = f"http://localhost:{UI_PORT}/api/v1/applications/{app}/jobs"
+    context = spark.sparkContext
+    url = f"{context.uiWebUrl}/api/v1/applications/{context.applicationId}/jobs"
     with urllib.request.urlopen(url) as response:
         started = json.load(response)
     groups = {v.view: v.spark_job_group for v in report.views}

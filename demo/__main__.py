@@ -46,9 +46,11 @@ def timed(label: str):
     return _T()
 
 
-def write_project(root: Path, sources: dict[str, str]) -> Path:
+def write_project(root: Path, sources: dict[str, str], views: Path = HERE / "views") -> Path:
+    """A project in ``root`` over ``sources`` (Delta tables under ``root/data``) with the
+    views of ``views`` (default: the demo's); its ``ivm.toml``."""
     (root / "views").mkdir(parents=True, exist_ok=True)
-    for f in sorted((HERE / "views").glob("*.sql")):
+    for f in sorted(views.glob("*.sql")):
         shutil.copy(f, root / "views" / f.name)
     lines = ['lake = "lake"', 'views = "views"', "", "[sources]"]
     lines += [f'{name} = "data/{name}"' for name in sources]

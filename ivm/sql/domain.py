@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 
 from sqlglot import exp
 
-from ivm.sql.nest import FROM_ARG, own_columns
+from ivm.sql.nest import FROM_ARG, own_columns, own_nodes
 from ivm.sql.scope import ONE, is_aggregate, split_conjuncts
 from ivm.sql.subqueries import (
     COMPARISONS,
@@ -80,6 +80,8 @@ def by_domain(
     Raises:
         SubqueryRefused: a correlation that may hold for a NULL outer value.
     """
+    if not any(_subqueries(select)):
+        return select
     out = select.copy()
     for q, kind in list(_subqueries(out)):
         grouped = kind != SCALAR and any(q.args.get(k) for k in _GROUPING)
@@ -184,21 +186,9 @@ def _subqueries(select: exp.Select) -> Iterator[tuple[exp.Select, str]]:
                 yield sub.this, "NOT IN" if negated else "IN"
             else:
                 yield sub.this, SCALAR
-        for e in _own(root, exp.Exists):
+        for e in own_nodes(root, exp.Exists):
             if isinstance(e.this, exp.Select):
                 yield e.this, "NOT EXISTS" if isinstance(e.parent, exp.Not) else "EXISTS"
-
-
-def _own(e: exp.Expression, kind: type[exp.Expression]) -> list[exp.Expression]:
-    """The ``kind`` nodes in ``e``'s own scope."""
-    out, pending = [], [e]
-    while pending:
-        n = pending.pop()
-        if isinstance(n, kind):
-            out.append(n)
-        elif not isinstance(n, (exp.Subquery, exp.Select)):
-            pending.extend(n.iter_expressions())
-    return out
 
 
 def _over_domain(
@@ -310,7 +300,7 @@ def _reads_outer(e: exp.Expression, qualifiers: set[str], columns: set[str]) -> 
 
 
 def _holds_subquery(e: exp.Expression) -> bool:
-    return bool(scalar_subqueries(e) or _own(e, exp.Exists))
+    return bool(scalar_subqueries(e) or own_nodes(e, exp.Exists))
 
 
 def _read_from(c: exp.Expression, names: dict[str, str], alias: str) -> exp.Expression:

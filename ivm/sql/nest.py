@@ -20,6 +20,7 @@ the same result as the original at every time, so its updates are the original's
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from sqlglot import exp
 
@@ -47,10 +48,19 @@ class NestRefused(IvmError):
 def own_columns(e: exp.Expression) -> list[exp.Column]:
     """The columns ``e`` reads in its own scope: not those of subqueries nested in it (their
     own decorrelation resolves them)."""
+    return own_nodes(e, exp.Column)
+
+
+N = TypeVar("N", bound=exp.Expression)
+
+
+def own_nodes(e: exp.Expression, kind: type[N]) -> list[N]:
+    """The ``kind`` nodes in ``e``'s own scope (``e`` and what it holds, not what the
+    subqueries nested in it hold)."""
     out, pending = [], [e]
     while pending:
         n = pending.pop()
-        if isinstance(n, exp.Column):
+        if isinstance(n, kind):
             out.append(n)
         elif not isinstance(n, (exp.Subquery, exp.Select)) or n is e:
             pending.extend(n.iter_expressions())
