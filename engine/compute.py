@@ -43,7 +43,7 @@ from ops.reduce.driver import stateful_local
 from ops.reduce.spark import render_stateful
 from ops.sink import arrow_schema, same_columns
 from ops.stateless.driver import normalized_floats, render_local, types_recorded
-from ops.stateless.spark import render
+from ops.stateless.spark import constants, render
 from resources.faults import crash_point
 
 
@@ -115,6 +115,7 @@ class Compute:
             coll: self.inputs.updates(coll, done, target, self.catalog.input_columns(plan, coll))
             for coll in plan.inputs
         }
+        inputs.update(constants(self.session.spark, plan.root, done, target))
         crash_point("ingest")
         delta_join = None
         if plan.joins and (done > 0 or plan.has_state):  # NOT IN keeps state from the build on

@@ -26,7 +26,7 @@ from ivm.plan.reduce import StateTable
 from ops.arrange import LookupStats, lookup, lookup_rows, write_held_updates, write_updates
 from ops.reduce.spark import StateStore
 from ops.sink import arrow_schema, collect_flat
-from ops.stateless.spark import render
+from ops.stateless.spark import constants, render
 from resources.faults import crash_point
 from resources.lake import CommitResult, open_table, spark_compatible_schema
 
@@ -199,4 +199,7 @@ class ViewState:
     def snapshot(self, node: Node) -> DataFrame:
         """A stateless plan node's whole collection at the target epoch, as updates."""
         names = {get.collection for get in collections(node)}
-        return render(node, {c: self.inputs.updates(c, 0, self.target) for c in names})
+        inputs = {c: self.inputs.updates(c, 0, self.target) for c in names}
+        return render(
+            node, {**inputs, **constants(self.inputs.session.spark, node, 0, self.target)}
+        )

@@ -20,6 +20,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
+from engine.results import RefreshReport
 from ivm.policy import Policy
 
 BATCHES_ENV = "IVM_TEST_BATCHES"
@@ -40,21 +41,25 @@ def check_both_oracles(engine, *, spark: bool = True) -> None:
 
 def epochs_on_both_paths(
     engine: Engine, lake: JoinLake, use_policy: Callable[..., Policy], paths: Sequence[str]
-) -> None:
+) -> list[RefreshReport]:
     """A random batch of ``lake`` per path, refreshed where the policy in force places it
     (``"driver"``) or by Spark alone (``"spark"``); after each, every view checked against
-    DuckDB, and after the last against Spark too (:func:`check_both_oracles`)."""
+    DuckDB, and after the last against Spark too (:func:`check_both_oracles`). Returns the
+    refreshes' reports."""
     default = use_policy()
+    reports = []
     for n, path in enumerate(paths, 1):
         use_policy(Policy.spark_only() if path == "spark" else default)
         lake.random_batch()
         report = engine.refresh()
+        reports.append(report)
         assert report.ok, [(v.view, v.error) for v in report.views if v.error]
         assert {v.view for v in report.views} == set(engine.plan.order)
         if path == "spark":  # nothing: no input of the view changed
             assert {v.computed_by for v in report.views} <= {"spark", "nothing"}
         check_both_oracles(engine, spark=n == len(paths))
     use_policy(default)
+    return reports
 
 
 def batches(n: int, bound: int = 2) -> int:

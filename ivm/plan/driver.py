@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from ivm.plan.ir import Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll, Window
+from ivm.plan.ir import Constant, Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll, Window
 from ivm.plan.reduce import branches
 
 COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
@@ -147,6 +147,8 @@ def node_support(node: Node) -> str | None:
         return "a join on NULL-safe keys (<=>) is computed by Spark"
     if isinstance(node, Window):
         return "window functions are computed by Spark"
+    if isinstance(node, Constant):
+        return "rows written in the view (VALUES) are computed by Spark"
     if not isinstance(node, (Get, Filter, Project, UnionAll, Join, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"
     if isinstance(node, (Reduce, TopK)):

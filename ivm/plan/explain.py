@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from ivm.plan.ir import (
+    Constant,
     Filter,
     Get,
     Join,
@@ -234,6 +235,14 @@ def _window_lines(node: Window, depth: int) -> list[str]:
     return lines + _node_lines(node.input, depth + 1)
 
 
+def _constant_rows(node: Constant, shown: int = 3) -> str:
+    """A constant's rows as its SQL writes them (the first ``shown``), and what they cost."""
+    rows = [f"({', '.join(e.sql(dialect=DIALECT) for e in r)})" for r in node.rows[:shown]]
+    more = f", … {len(node.rows) - shown} more" if len(node.rows) > shown else ""
+    count = f"{len(node.rows)} row{'s' if len(node.rows) > 1 else ''}"
+    return f"{count}: {', '.join(rows)}{more} (written in the view: built once, never updated)"
+
+
 def _node_lines(node: Node, depth: int) -> list[str]:
     pad = "  " * depth
     if isinstance(node, Window):
@@ -246,6 +255,8 @@ def _node_lines(node: Node, depth: int) -> list[str]:
         return _semi_lines(node, depth)
     if isinstance(node, Get):
         head = f"Get {node.kind} {node.collection} [{', '.join(node.columns)}]"
+    elif isinstance(node, Constant):
+        head = f"Constant [{', '.join(node.columns)}] {_constant_rows(node)}"
     elif isinstance(node, Filter):
         head = f"Filter {_pretty(node.predicate.sql(dialect=DIALECT))}"
     elif isinstance(node, Project):
@@ -316,7 +327,7 @@ def explain(
         f"{what}, code version {view.sql_hash})",
         f"  columns: {', '.join(view.columns)}",
         f"  maintenance: {maintenance}",
-        f"  inputs: {inputs}",
+        f"  inputs: {inputs or 'none (its rows are written in its SQL)'}",
     ]
     if policy is not None:
         lines.append(f"  refreshes run on: {policy.describe(view.root)}")

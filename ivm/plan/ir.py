@@ -9,6 +9,8 @@ Algebra the stateless nodes rely on (why they can be applied to updates directly
 independently of the others, keeping its time and diff:
 
 - ``Get``: the updates of a source or a view, restricted to the columns some consumer needs.
+- ``Constant``: rows written in the view itself (``VALUES``, a ``SELECT`` without ``FROM``):
+  each ``+1`` at the time of the view's build, no update after it.
 - ``Filter``: keeps ``(d, t, r)`` where the predicate holds on ``d`` (NULL counts as false).
 - ``Project``: maps ``(d, t, r)`` to ``(f(d), t, r)``; ``f`` must be deterministic, or a
   retraction would not cancel the insertion it retracts.
@@ -26,6 +28,7 @@ Expressions are sqlglot expressions whose column references are unqualified inpu
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -65,6 +68,43 @@ class Get:
     @property
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """Rows the view's SQL writes out (``VALUES``; one row of no table for a ``SELECT`` without
+    ``FROM``): each row's expressions read no column and are deterministic, so the collection
+    is its rows, each ``+1`` at the build, and has no update after it (a refresh's updates of
+    a constant are none). Its column types are Spark's for ``VALUES`` with these rows."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[exp.Expression, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.columns or not self.rows:
+            raise InvariantViolation("Constant: no column or no row")
+        _check_unique(self.columns, "Constant")
+        if any(len(r) != len(self.columns) for r in self.rows):
+            raise InvariantViolation("Constant: a row's width differs from its columns'")
+        if any(referenced_columns(e) for r in self.rows for e in r):
+            raise InvariantViolation("Constant: a row reads a column")
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+    @property
+    def key(self) -> str:
+        """Its name among a render's inputs (the same rows and columns, the same key)."""
+        text = repr((self.columns, [[e.sql() for e in r] for r in self.rows]))
+        return "__ivm_values_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def kept(self, names: tuple[str, ...]) -> Constant:
+        """Only the columns ``names`` (in its order), every row kept."""
+        at = [i for i, c in enumerate(self.columns) if c in names] or [0]
+        return Constant(
+            tuple(self.columns[i] for i in at), tuple(tuple(r[i] for i in at) for r in self.rows)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,7 +627,9 @@ class Window:
         return (self.input,)
 
 
-Node = Get | Filter | Project | UnionAll | Join | SemiJoin | Reduce | SetOp | TopK | Window
+Node = (
+    Get | Constant | Filter | Project | UnionAll | Join | SemiJoin | Reduce | SetOp | TopK | Window
+)
 STATEFUL = (Reduce, SetOp, TopK, Window)
 
 
@@ -631,6 +673,8 @@ def column_lineage(node: Node) -> dict[str, frozenset[Origin]]:
     only filter, join or group rows are not origins of any value."""
     if isinstance(node, Get):
         return {c: frozenset({(node.collection, c)}) for c in node.columns}
+    if isinstance(node, Constant):  # written in the SQL: computed from no collection
+        return {c: frozenset() for c in node.columns}
     if isinstance(node, Join | SemiJoin):
         inputs = node.inputs if isinstance(node, Join) else (node.input,)
         return {
@@ -688,6 +732,8 @@ def demand(node: Node, needed: tuple[str, ...] | None = None) -> Node:
     if isinstance(node, Get):
         kept = tuple(c for c in node.columns if c in want) or node.columns[:1]
         return Get(node.collection, node.kind, kept)
+    if isinstance(node, Constant):
+        return node.kept(tuple(want))
     if isinstance(node, Filter):
         child_need = want | referenced_columns(node.predicate)
         child = demand(node.input, tuple(c for c in node.input.columns if c in child_need))
@@ -773,7 +819,7 @@ def simplify(node: Node) -> Node:
     Fusing is exact because each operator is a pure per-update function (see module doc);
     it saves Spark nothing (Catalyst fuses too) but keeps EXPLAIN as short as the SQL.
     """
-    if isinstance(node, Get):
+    if isinstance(node, Get | Constant):
         return node
     if isinstance(node, UnionAll):
         return UnionAll(tuple(simplify(b) for b in node.branches))

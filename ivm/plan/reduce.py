@@ -40,6 +40,7 @@ from typing import Literal
 
 from ivm.plan.ir import (
     Aggregate,
+    Constant,
     Filter,
     Get,
     Join,
@@ -408,6 +409,8 @@ def monotonic(node: Node, append_only: Collection[str]) -> bool:
     """
     if isinstance(node, Get):
         return node.kind == "source" and node.collection in append_only
+    if isinstance(node, Constant):  # rows at the build, no update after it
+        return True
     if isinstance(node, Join):
         return not node.preserve and all(monotonic(i.get, append_only) for i in node.inputs)
     if isinstance(node, SemiJoin):
@@ -421,7 +424,7 @@ def monotonic(node: Node, append_only: Collection[str]) -> bool:
 
 def mark_monotonic(node: Node, append_only: Collection[str]) -> Node:
     """``node`` with every Reduce and TopK over a growing input marked ``monotonic``."""
-    if isinstance(node, (Get, Join, SemiJoin)):
+    if isinstance(node, (Get, Constant, Join, SemiJoin)):
         return node
     if isinstance(node, (Reduce, TopK)):
         child = mark_monotonic(node.input, append_only)

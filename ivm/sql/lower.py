@@ -32,6 +32,7 @@ from sqlglot import exp
 
 from ivm.errors import SqlError
 from ivm.plan.ir import (
+    Constant,
     Filter,
     Get,
     Join,
@@ -50,6 +51,13 @@ from ivm.plan.ir import (
     referenced_columns,
     simplify,
     walk,
+)
+from ivm.sql.constants import (
+    ONE_ROW,
+    values_columns,
+    values_rows,
+    with_one_row,
+    without_rowless_subqueries,
 )
 from ivm.sql.domain import DOMAIN_ALIAS, by_domain
 from ivm.sql.lower_reduce import Ranked, ReduceLowering, rank_bound
@@ -166,6 +174,8 @@ class _Lowerer(ReduceLowering):
             return self.order_limit(q, node, None)
         if isinstance(q, exp.Select):
             return self.select(q, ctes, need_names=need_names)
+        if isinstance(q, exp.Values):  # a query of its own: its rows
+            return self.select(exp.select("*").from_(q.copy()), ctes, need_names=need_names)
         raise self.unsupported(type(q).__name__.upper(), q)
 
     def union_all(self, q: exp.Union, ctes: Mapping[str, Node], *, need_names: bool = True) -> Node:
@@ -242,8 +252,7 @@ class _Lowerer(ReduceLowering):
         """The plan of a SELECT's FROM clause and WHERE, and the scope its SELECT list sees:
         a join takes WHERE into its conditions, one FROM item is filtered by it."""
         from_ = _arg(s, "from")
-        if not isinstance(from_, exp.From):
-            raise self.unsupported("SELECT without FROM", s)
+        assert isinstance(from_, exp.From), "every SELECT reads a FROM (with_one_row)"
         first, joins = _unfolded(from_.this, list(_arg(s, "joins") or []))
         scope, joins = self.from_items(first, joins, ctes)
         where = _arg(s, "where")
@@ -511,8 +520,7 @@ class _Lowerer(ReduceLowering):
 
         def inner_columns(q: exp.Select) -> tuple[set[str], set[str]]:
             from_ = _arg(q, "from")
-            if not isinstance(from_, exp.From):
-                raise self.unsupported("a scalar subquery without FROM", q)
+            assert isinstance(from_, exp.From), "every SELECT reads a FROM (with_one_row)"
             items = [from_.this, *(j.this for j in q.args.get("joins") or [])]
             rels = [self.relation(i, ctes) for i in items]
             qualifiers = {x for r in rels for x in r.qualifiers}
@@ -1174,8 +1182,7 @@ class _Lowerer(ReduceLowering):
         if _arg(select, "joins"):
             raise self.unsupported(f"a join inside {kind} (define it as a view)", predicate)
         from_ = _arg(select, "from")
-        if not isinstance(from_, exp.From):
-            raise self.unsupported(f"{kind} without FROM", predicate)
+        assert isinstance(from_, exp.From), "every SELECT reads a FROM (with_one_row)"
         return select, from_.this
 
     def _correlation(
@@ -1228,6 +1235,11 @@ class _Lowerer(ReduceLowering):
             probe = exp.column(probe.name, table=outer.alias)
         left = self.expression(probe, pair, "WHERE")
         item = _unalias(select.expressions[0])
+        if isinstance(item, exp.Star) or isinstance(item.this, exp.Star):  # of one column
+            columns = [c for c in inner.node.columns if c != ONE]
+            if len(columns) != 1:
+                raise self.error("the IN subquery must select exactly one column", select)
+            item = exp.column(columns[0], table=inner.alias)
         right = self.expression(_qualified(item, outer, inner), pair, "WHERE")
         if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
             raise self.unsupported("IN (subquery) over expressions (compare columns)", predicate)
@@ -1321,6 +1333,10 @@ class _Lowerer(ReduceLowering):
                     "the first inputs of a join of more than two with an outer join",
                     "join",
                 )
+            elif alias == ONE_ROW:  # what a SELECT without FROM reads (ivm.sql.constants)
+                label, alias = "the one row a SELECT without FROM reads", "row"
+            elif isinstance(rel.node, Constant):  # VALUES, named by its alias if it has one
+                alias = alias.strip("_") or "values"
             elif alias == GROUPED:  # groups HAVING compares with a subquery (lift_having)
                 label, alias = "the groups HAVING compares with a subquery", "groups"
             base = f"{self.view.name}__{alias}"
@@ -1376,7 +1392,38 @@ class _Lowerer(ReduceLowering):
             node = self.query(item.this, ctes)
             label = f"subquery {item.alias}".strip()
             return Relation(node, frozenset({alias}), label, item.this)
+        if isinstance(item, exp.Values):
+            return self.values(item)
         raise self.unsupported(f"FROM {type(item).__name__}", item)
+
+    def values(self, item: exp.Values) -> Relation:
+        """A ``VALUES`` item (or the one row a ``SELECT`` without ``FROM`` reads) as a
+        relation of its constant rows; as a join input, an internal view of them."""
+        rows = values_rows(item)
+        width = len(rows[0])
+        for row in rows:
+            if len(row) != width:
+                raise self.error(
+                    f"VALUES rows of {width} and {len(row)} values: every row needs as many "
+                    "values as the first",
+                    row[0],
+                )
+            for e in row:
+                for n in e.walk():
+                    if isinstance(n, exp.Column):
+                        raise self.error(
+                            f"column {n.sql(dialect='spark')} in VALUES: its rows are "
+                            "constants (join the table instead)",
+                            n,
+                        )
+                    self._refuse_in_expression(n, "VALUES", False)
+        columns = values_columns(item, width)
+        if len(columns) != width:
+            raise self.error(f"VALUES with {width} values per row names {len(columns)}", item)
+        alias = item.alias.lower() if item.alias else "_values"
+        node = Constant(tuple(columns), tuple(tuple(e.copy() for e in r) for r in rows))
+        label = "SELECT without FROM" if alias == ONE_ROW else f"VALUES {alias}"
+        return Relation(node, frozenset({alias}), label, exp.select("*").from_(item.copy()))
 
     # -- expressions -----------------------------------------------------------------------
 
@@ -1528,7 +1575,7 @@ def _widened(node: Node, names: tuple[str, ...]) -> Node:
 def _no_rows(node: Node) -> Node:
     """A stateless ``node`` (Get/Filter/Project/UnionAll) with its collections read through
     ``Filter FALSE``: its columns and their types, no row."""
-    if isinstance(node, Get):
+    if isinstance(node, Get | Constant):
         return Filter(node, exp.false())
     if isinstance(node, Filter):
         return Filter(_no_rows(node.input), node.predicate)
@@ -1649,7 +1696,7 @@ def _without_void_branches(node: Node) -> Node:
     """``node`` without the UNION ALL branches that bring neither a row nor a type (no row,
     every column NULL): an input a constant join condition never matches, none of whose
     columns the view reads, is then not read at all."""
-    if isinstance(node, (Get, Join, SemiJoin)):
+    if isinstance(node, (Get, Constant, Join, SemiJoin)):
         return node
     if isinstance(node, Filter):
         return Filter(_without_void_branches(node.input), node.predicate)
@@ -1727,7 +1774,8 @@ def lower_view(
             the message names the file, line and column.
     """
     lowerer = _Lowerer(view, catalog, internal if internal is not None else {}, names_in_use)
-    node = finished(lowerer.plain(lowerer.query(view.query, {})))
+    query = with_one_row(without_rowless_subqueries(view.query))
+    node = finished(lowerer.plain(lowerer.query(query, {})))
     for v in lowerer.internal.values():
         _check_reserved(v.root, view)
     _check_reserved(node, view)

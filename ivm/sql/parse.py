@@ -151,6 +151,8 @@ def parse_view(sql: str, file: str = "<sql>") -> ParsedView:
             construct="CREATE VIEW column list",
         ).located(file)
     query = stmt.expression
+    if isinstance(query, exp.Values):  # CREATE VIEW v AS VALUES …: its rows
+        query = exp.select("*").from_(query)
     if not isinstance(query, exp.Query):
         raise SqlError("CREATE VIEW needs AS SELECT ...", file=file)
     name = target.name.lower()

@@ -753,6 +753,9 @@ def _wrap_for_constant(select: exp.Select) -> str:
     inner = item.this if isinstance(item, exp.Subquery) else None
     if isinstance(inner, exp.Select) and any(e.alias_or_name == ONE for e in inner.expressions):
         return name  # wrapped already (a second uncorrelated subquery)
+    alias = item.args.get("alias")
+    if isinstance(item, exp.Values) and any(c.name == ONE for c in alias.columns):
+        return name  # the one row of a SELECT without FROM carries it (ivm.sql.constants)
     source = item.copy()
     star = exp.Column(this=exp.Star(), table=exp.to_identifier(name))
     wrapped = exp.select(star, exp.Literal.number(1).as_(ONE))

@@ -24,11 +24,22 @@ import re
 from collections.abc import Callable, Mapping
 from functools import reduce
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ivm.errors import EvaluationError, InvariantViolation
-from ivm.plan.ir import STATEFUL, Filter, Get, Join, Node, Project, SemiJoin, UnionAll
+from ivm.plan.ir import (
+    STATEFUL,
+    Constant,
+    Filter,
+    Get,
+    Join,
+    Node,
+    Project,
+    SemiJoin,
+    UnionAll,
+    walk,
+)
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
 from ops.join.spark import render_join_snapshot
@@ -74,6 +85,31 @@ def _fragment(text: str) -> str | None:
     return None
 
 
+def constant_updates(spark: SparkSession, node: Constant, done: int, target: int) -> DataFrame:
+    """A constant's updates in ``(done, target]``: its rows, each ``+1`` at ``target``, from
+    scratch (``done`` = 0); none after (with the same columns and types). Spark types them
+    as it types ``VALUES`` with these rows."""
+    rows = ", ".join(f"({', '.join(spark_sql(e) for e in row)})" for row in node.rows)
+    names = ", ".join(f"`{c}`" for c in node.columns)
+    df = spark.sql(f"SELECT * FROM VALUES {rows} AS _values({names})")
+    df = df.select(
+        *[F.col(f"`{c}`") for c in node.columns],
+        F.lit(target).cast("bigint").alias(TIME),
+        F.lit(1).cast("bigint").alias(DIFF),
+    )
+    return df if done == 0 else df.where(F.lit(False))
+
+
+def constants(spark: SparkSession, node: Node, done: int, target: int) -> dict[str, DataFrame]:
+    """The updates of every constant under ``node``, by key: the inputs :func:`render` needs
+    besides the collections'."""
+    return {
+        n.key: constant_updates(spark, n, done, target)
+        for n in walk(node)
+        if isinstance(n, Constant)
+    }
+
+
 JoinRenderer = Callable[[Join | SemiJoin, Mapping[str, DataFrame]], DataFrame]
 StatefulRenderer = Callable[[Node, list[DataFrame]], DataFrame]
 
@@ -88,7 +124,8 @@ def render(
 
     Args:
         node: a plan.
-        inputs: collection name -> DataFrame ``(columns..., _time, _diff)``.
+        inputs: collection name -> DataFrame ``(columns..., _time, _diff)``, and each
+            constant's updates by its key (:func:`constants`).
         join: how to render a Join: by delta paths (incremental); default, from scratch
             (``inputs`` are then snapshots).
         stateful: how to render a Reduce, SetOp or TopK given its inputs' updates (they keep
@@ -106,6 +143,8 @@ def render(
     if isinstance(node, Get):
         df = inputs[node.collection]
         return df.select(*[F.col(f"`{c}`") for c in node.columns], TIME, DIFF)
+    if isinstance(node, Constant):  # its updates come with the inputs (constants())
+        return inputs[node.key]
     if isinstance(node, Filter):
         return render(node.input, inputs, join, stateful).where(F.expr(spark_sql(node.predicate)))
     if isinstance(node, Project):
