@@ -81,6 +81,8 @@ def test_constant_views_match_both_oracles(spark, make_project, tmp_path, use_po
     assert report.ok, "\n".join(f"{v.view}: {v.error}" for v in report.views if v.error)
     check_both_oracles(engine, spark=False)
     reports = epochs_on_both_paths(engine, lake, use_policy, ["driver", "spark"] * batches(2, 1))
+    by_driver = {v.view: v.computed_by for v in reports[0].views}  # a union's constant: none
+    assert by_driver["per_customer_with_extra"] == "driver", by_driver
     constant = {v.view: v.computed_by for v in reports[-1].views if not plans[v.view].inputs}
     assert set(constant.values()) == {"nothing"}, constant  # built once, never computed again
 

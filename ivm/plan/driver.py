@@ -147,9 +147,9 @@ def node_support(node: Node) -> str | None:
         return "a join on NULL-safe keys (<=>) is computed by Spark"
     if isinstance(node, Window):
         return "window functions are computed by Spark"
-    if isinstance(node, Constant):
-        return "rows written in the view (VALUES) are computed by Spark"
-    if not isinstance(node, (Get, Filter, Project, UnionAll, Join, Reduce, TopK)):
+    if isinstance(node, Constant):  # no update after the build, which Spark computes
+        return None
+    if not isinstance(node, (Get, Constant, Filter, Project, UnionAll, Join, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"
     if isinstance(node, (Reduce, TopK)):
         return _reduce_support(node)

@@ -101,7 +101,8 @@ def _as_expression(node: exp.Expression) -> exp.Expression:
 
 def without_rowless_subqueries(query: exp.Expression) -> exp.Expression:
     """``query`` with its subqueries over no table written as expressions (see the module)."""
-    return query.transform(_inlined, copy=True)
+    root = query.copy()  # the view's query itself stays a query, even a parenthesized one
+    return root.transform(lambda n: n if n is root else _inlined(n), copy=False)
 
 
 def with_one_row(query: exp.Expression) -> exp.Expression:

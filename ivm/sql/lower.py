@@ -86,6 +86,7 @@ from ivm.sql.subqueries import (
     lift_having,
     nested_semis,
     outer_reads,
+    refuse_outer_values,
     scalar_operand,
     select_subqueries,
     semi_operand,
@@ -468,8 +469,10 @@ class _Lowerer(ReduceLowering):
 
     def _by_domain(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with each subquery correlated other than by equalities made correlated by
-        equalities with the domain of the outer values it reads (:mod:`ivm.sql.domain`)."""
+        equalities with the domain of the outer values it reads (:mod:`ivm.sql.domain`); a
+        scalar subquery whose SELECT list reads the outer row refused by name."""
         try:
+            refuse_outer_values(s, self._inner_columns(ctes))
             return by_domain(s, self._inner_columns(ctes), partial(self._one_item, ctes=ctes))
         except SubqueryRefused as e:
             raise self.unsupported(e.construct, e.at) from None

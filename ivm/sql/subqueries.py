@@ -483,6 +483,28 @@ def outer_reads(inner_columns: InnerColumns) -> Callable[[exp.Subquery], list[ex
     return reads
 
 
+def refuse_outer_values(select: exp.Select, inner_columns: InnerColumns) -> None:
+    """Refuse a scalar subquery (of ``select``'s SELECT list or WHERE) whose SELECT list
+    aggregates and reads the outer row, by the column it reads: Spark allows outer references
+    there only in a subquery's WHERE and HAVING, and would refuse the view as written.
+
+    Raises:
+        SubqueryRefused: such a subquery.
+    """
+    where = select.args.get("where")
+    scopes = [*select.expressions, *([where.this] if isinstance(where, exp.Where) else [])]
+    for sub in [s for e in scopes for s in scalar_subqueries(e)]:
+        qualifiers, columns = inner_columns(sub.this)
+        for item in sub.this.expressions:
+            outer = [c for c in own_columns(item) if not is_inner(c, qualifiers, columns)]
+            if outer and any(is_aggregate(n) for n in item.walk()):
+                raise _refuse(
+                    f"a subquery's SELECT list reading the outer row's "
+                    f"{outer[0].sql(dialect='spark')} (Spark allows it only in WHERE and HAVING)",
+                    outer[0],
+                )
+
+
 def select_subqueries(select: exp.Select) -> list[exp.Subquery]:
     """The scalar subqueries in ``select``'s SELECT list (not inside nested subqueries)."""
     return [sub for item in select.expressions for sub in scalar_subqueries(item)]

@@ -62,6 +62,7 @@ from ivm.plan.ir import (
     Reduce,
     TopK,
     UnionAll,
+    collections,
 )
 from ops import DIFF, TIME, decimals
 from ops.expressions import spark_sql
@@ -801,7 +802,10 @@ def render_local(
             .select([*b.columns, TIME, DIFF])
             .rename_columns(names)
             for b in node.branches
+            if collections(b)  # one of rows written in the view has no update after its build
         ]
+        if not parts:
+            raise NotOnDriver("a union of rows written in the view is computed by Spark")
         if any(p.schema != parts[0].schema for p in parts[1:]):
             parts = _widened(parts)
         return pa.concat_tables(parts)

@@ -100,3 +100,5 @@ CREATE VIEW v AS SELECT * FROM orders FULL JOIN orders o2 USING (o_orderkey)
 CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
 -- case: a scalar subquery in the select list of a grouped query, reading its aggregate
 CREATE VIEW v AS SELECT c_name, count(*) AS n, (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = max(c.c_custkey)) AS a FROM customer c GROUP BY c_name
+-- case: a scalar subquery's aggregate over the outer row
+CREATE VIEW v AS SELECT o_orderkey, (SELECT sum(i.o_totalprice * o.o_totalprice) FROM orders i WHERE i.o_custkey = o.o_custkey) AS s FROM orders o
