@@ -15,7 +15,7 @@ import pytest
 
 from ivm import policy
 from ivm.policy import Policy
-from resources.spark import free_port, spark_conf
+from resources.spark import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
@@ -25,12 +25,6 @@ TEST_SPARK_CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.driver.memory": "2g",
-    # Short JVMs over tiny tables: the first JIT tier only. The optimizing tier's compiler
-    # threads cost two workers' JVMs more CPU than they save (a test file's refreshes run
-    # 10-20% faster); it changes no result.
-    "spark.driver.extraJavaOptions": (
-        spark_conf({})["spark.driver.extraJavaOptions"] + " -XX:TieredStopAtLevel=1"
-    ),
 }
 
 
@@ -54,8 +48,10 @@ LONGEST_FIRST = (
     "test_exact_floats.py",
 )
 """The test files that take longest (``--durations`` of a whole run), longest first: the
-workers (``./dev test``, a file at a time) start them first and fill in with the short ones,
-rather than finding the long ones last, one worker busy while the other has nothing left."""
+workers (``./dev test``: a file at a time, in this order, ``--no-loadscope-reorder``) start
+them first and fill in with the short ones, rather than finding the long ones last, one
+worker busy while the other has nothing left. (xdist's own order, most tests first, left the
+oracle tests of few test functions each for the end.)"""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

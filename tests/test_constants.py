@@ -151,3 +151,13 @@ def test_values_that_are_not_constant_rows_are_refused_where_written(sql, at, sa
     line = next(i for i, text in enumerate(sql.splitlines(), 1) if at in text)
     start = sql.splitlines()[line - 1].index(at) + 1
     assert any(f"v.sql:{line}:{c}:" in str(error) for c in range(start, start + len(at)))
+
+
+def test_a_values_without_a_name_is_named_as_spark_names_it():
+    """``col1``, … of a ``VALUES`` with no alias, which an uncorrelated subquery joins."""
+    sql = (
+        "CREATE VIEW v AS SELECT col1, (SELECT max(o_total) FROM orders) AS m FROM VALUES (1), (2)"
+    )
+    plan = _plan(sql).check()
+    assert plan.views["v"].columns == ("col1", "m")
+    assert plan.views["v__values"].inputs == ()

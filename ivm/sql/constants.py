@@ -25,6 +25,8 @@ from sqlglot import exp
 from ivm.sql.nest import FROM_ARG
 from ivm.sql.scope import ONE, is_aggregate
 
+VALUES_ALIAS = "_values"
+"""The name of a ``VALUES`` item written without one."""
 ONE_ROW = "_ivm_row"
 """The alias of the one-row ``VALUES`` a ``SELECT`` without ``FROM`` reads."""
 
@@ -106,11 +108,15 @@ def without_rowless_subqueries(query: exp.Expression) -> exp.Expression:
 
 
 def with_one_row(query: exp.Expression) -> exp.Expression:
-    """``query`` with each ``SELECT`` without ``FROM`` reading one row of no table."""
+    """``query`` with each ``SELECT`` without ``FROM`` reading one row of no table, and each
+    ``VALUES`` without a name named :data:`VALUES_ALIAS`."""
     out = query.copy()
     for select in list(out.find_all(exp.Select)):
         if not select.args.get(FROM_ARG):
             select.from_(one_row(), copy=False)
+    for values in out.find_all(exp.Values):  # as Spark names it (and sqlglot after UNION ALL)
+        if not values.alias:
+            values.set("alias", exp.TableAlias(this=exp.to_identifier(VALUES_ALIAS)))
     return out
 
 

@@ -54,6 +54,7 @@ from ivm.plan.ir import (
 )
 from ivm.sql.constants import (
     ONE_ROW,
+    VALUES_ALIAS,
     values_columns,
     values_rows,
     with_one_row,
@@ -1338,7 +1339,7 @@ class _Lowerer(ReduceLowering):
                 )
             elif alias == ONE_ROW:  # what a SELECT without FROM reads (ivm.sql.constants)
                 label, alias = "the one row a SELECT without FROM reads", "row"
-            elif isinstance(rel.node, Constant):  # VALUES, named by its alias if it has one
+            elif alias == VALUES_ALIAS or isinstance(rel.node, Constant):  # VALUES: its alias
                 alias = alias.strip("_") or "values"
             elif alias == GROUPED:  # groups HAVING compares with a subquery (lift_having)
                 label, alias = "the groups HAVING compares with a subquery", "groups"
@@ -1423,7 +1424,7 @@ class _Lowerer(ReduceLowering):
         columns = values_columns(item, width)
         if len(columns) != width:
             raise self.error(f"VALUES with {width} values per row names {len(columns)}", item)
-        alias = item.alias.lower() if item.alias else "_values"
+        alias = item.alias.lower() if item.alias else VALUES_ALIAS
         node = Constant(tuple(columns), tuple(tuple(e.copy() for e in r) for r in rows))
         label = "SELECT without FROM" if alias == ONE_ROW else f"VALUES {alias}"
         return Relation(node, frozenset({alias}), label, exp.select("*").from_(item.copy()))

@@ -776,7 +776,7 @@ def _wrap_for_constant(select: exp.Select) -> str:
     if isinstance(inner, exp.Select) and any(e.alias_or_name == ONE for e in inner.expressions):
         return name  # wrapped already (a second uncorrelated subquery)
     alias = item.args.get("alias")
-    if isinstance(item, exp.Values) and any(c.name == ONE for c in alias.columns):
+    if isinstance(alias, exp.TableAlias) and any(c.name == ONE for c in alias.columns):
         return name  # the one row of a SELECT without FROM carries it (ivm.sql.constants)
     source = item.copy()
     star = exp.Column(this=exp.Star(), table=exp.to_identifier(name))
