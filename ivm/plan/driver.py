@@ -149,7 +149,7 @@ def node_support(node: Node) -> str | None:
         return "window functions are computed by Spark"
     if isinstance(node, Constant):  # no update after the build, which Spark computes
         return None
-    if not isinstance(node, (Get, Constant, Filter, Project, UnionAll, Join, Reduce, TopK)):
+    if not isinstance(node, (Get, Filter, Project, UnionAll, Join, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"
     if isinstance(node, (Reduce, TopK)):
         return _reduce_support(node)

@@ -121,7 +121,7 @@ def with_one_row(query: exp.Expression) -> exp.Expression:
 
 
 def one_row() -> exp.Values:
-    """``VALUES (1) AS _ivm_one_row(__ivm_one)``: one row, of a column ``*`` does not show."""
+    """``VALUES (1) AS _ivm_row(__ivm_one)``: one row, of a column ``*`` does not show."""
     return exp.Values(
         expressions=[exp.Tuple(expressions=[exp.Literal.number(1)])],
         alias=exp.TableAlias(this=exp.to_identifier(ONE_ROW), columns=[exp.to_identifier(ONE)]),
