@@ -7,6 +7,7 @@ without a JVM.
 from __future__ import annotations
 
 import os
+import subprocess
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -54,10 +55,59 @@ worker busy while the other has nothing left. (xdist's own order, most tests fir
 oracle tests of few test functions each for the end.)"""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest files first (:data:`LONGEST_FIRST`); the rest keep their order."""
+SLOW_SHARDS = 2
+"""A whole-suite run (``./dev test``, what CI runs) takes one in this many of the tests marked
+``slow`` (the longest oracle runs and deployment checks), by turns: see :func:`slow_shard`."""
+
+SLOW_ENV = "IVM_TEST_SLOW"
+"""``all``: every ``slow`` test; ``none``: none; a number: that shard of them; unset: the
+shard of the commit checked out."""
+
+
+def slow_shard(config: pytest.Config) -> int | None:
+    """Which shard of the ``slow`` tests this run takes (their place in nodeid order modulo
+    :data:`SLOW_SHARDS`), None for all of them, -1 for none.
+
+    All of them when the run names files or tests, or a ``-m`` expression: only a whole-suite
+    run is bounded. Otherwise ``$IVM_TEST_SLOW``, else the checked-out commit's hash modulo
+    :data:`SLOW_SHARDS`: a rerun of a commit runs the same tests (every xdist worker agrees),
+    and successive commits take the shards in turn."""
+    value = os.environ.get(SLOW_ENV, "").strip().lower()
+    if value == "all" or config.option.markexpr:
+        return None
+    if value == "none":
+        return -1
+    if value:
+        return int(value) % SLOW_SHARDS
+    if any(not Path(a.split("::")[0]).is_dir() for a in config.args):
+        return None
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=config.rootpath, capture_output=True, text=True
+    )
+    return int(head.stdout.strip() or "0", 16) % SLOW_SHARDS if head.returncode == 0 else 0
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    shard = slow_shard(config)
+    if shard is None:
+        return "slow tests: all"
+    taken = "none" if shard < 0 else f"shard {shard} of {SLOW_SHARDS}"
+    return f"slow tests: {taken} (by the commit, or ${SLOW_ENV}); {SLOW_ENV}=all runs them all"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (:data:`LONGEST_FIRST`); the rest keep their order. Of the tests
+    marked ``slow``, those outside this run's shard (:func:`slow_shard`) are deselected."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    shard = slow_shard(config)
+    if shard is None:
+        return
+    slow = sorted(item.nodeid for item in items if item.get_closest_marker("slow"))
+    skipped = {nodeid for i, nodeid in enumerate(slow) if i % SLOW_SHARDS != shard}
+    if skipped:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in skipped])
+        items[:] = [i for i in items if i.nodeid not in skipped]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -49,6 +49,7 @@ def _run(args: list[str], cwd: Path) -> tuple[str, str]:
     return proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_views_are_registered_and_read_by_name_from_another_session(make_project, tmp_path):
     source = str(tmp_path / "orders")

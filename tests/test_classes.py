@@ -67,6 +67,7 @@ def test_recording_is_skipped_when_the_archive_exists(archives, monkeypatch) -> 
     assert classes.record() == path
 
 
+@pytest.mark.slow
 def test_a_recorded_archive_is_complete_and_the_next_jvm_loads_classes_from_it(
     archives, tmp_path
 ) -> None:

@@ -286,6 +286,7 @@ def test_nesting_resolves_names_as_the_query_does(sql: str, message: str | None)
         _plan(view)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_outer_joins_of_more_inputs_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by

@@ -121,6 +121,7 @@ VIEWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_dagster_run_in_a_fresh_process_computes_on_the_server(
     spark, spark_connect_url, make_project, tmp_path

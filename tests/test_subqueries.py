@@ -158,6 +158,7 @@ VIEWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_subquery_views_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by
