@@ -61,6 +61,7 @@ from ivm.sql.constants import (
     without_rowless_subqueries,
 )
 from ivm.sql.domain import DOMAIN_ALIAS, by_domain
+from ivm.sql.limits import LIMITED, ranked_limits
 from ivm.sql.lower_reduce import Ranked, ReduceLowering, rank_bound
 from ivm.sql.nest import NESTED, NestRefused, nest_join
 from ivm.sql.parse import DIALECT, ParsedView, position
@@ -212,6 +213,7 @@ class _Lowerer(ReduceLowering):
             if value:
                 at = value[0] if isinstance(value, list) else value
                 raise self.unsupported(construct, self._located(at, s))
+        s = self._limits_ranked(s, ctes)
         reads = outer_reads(self._inner_columns(ctes))
         for lift in (lift_having, partial(lift_grouped, outer_reads=reads)):  # groups derived
             try:
@@ -531,6 +533,16 @@ class _Lowerer(ReduceLowering):
             return qualifiers, {c for r in rels for c in r.node.columns}
 
         return inner_columns
+
+    def _limits_ranked(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
+        """``s`` with its subqueries' ``ORDER BY ... LIMIT`` made per-key rankings
+        (:func:`ivm.sql.limits.ranked_limits`); ``s`` itself without any."""
+        try:
+            out, added = ranked_limits(s, self._inner_columns(ctes), self._subqueries + 1)
+        except SubqueryRefused as e:
+            raise self.unsupported(e.construct, e.at) from None
+        self._subqueries += added
+        return out
 
     def _select_list_decorrelated(self, s: exp.Select, ctes: Mapping[str, Node]) -> exp.Select:
         """``s`` with its SELECT list's scalar subqueries made LEFT JOINs
@@ -1289,7 +1301,7 @@ class _Lowerer(ReduceLowering):
         """A join input as (collection, filter, column -> expression over the collection);
         one that is a join, union or aggregate, or carries the constant an uncorrelated
         subquery joins on (:data:`ONE`), read from an internal view."""
-        node = simplify(rel.node)
+        node = simplify(self.plain(rel.node))  # a ranking the subquery bounds: numbered
         if ONE in node.columns and rel.query is not None:
             get = self.internal_view(rel, node)
             return get, None, {c: exp.column(c) for c in get.columns}
@@ -1341,6 +1353,9 @@ class _Lowerer(ReduceLowering):
                 label, alias = "the one row a SELECT without FROM reads", "row"
             elif alias == VALUES_ALIAS or isinstance(rel.node, Constant):  # VALUES: its alias
                 alias = alias.strip("_") or "values"
+            elif alias.startswith(LIMITED):  # a subquery's LIMIT (ivm.sql.limits)
+                line, col = position(rel.query, self.sql)
+                label, alias = f"the rows kept by the LIMIT at {line}:{col}", "limit"
             elif alias == GROUPED:  # groups HAVING compares with a subquery (lift_having)
                 label, alias = "the groups HAVING compares with a subquery", "groups"
             base = f"{self.view.name}__{alias}"

@@ -725,11 +725,12 @@ def correlated_by_equalities(
 
 
 def correlation_keys(
-    q: exp.Select, inner: tuple[set[str], set[str]]
+    q: exp.Select, inner: tuple[set[str], set[str]], what: str = "a subquery"
 ) -> tuple[list[exp.Expression], list[exp.Expression], list[exp.Expression]]:
     """Subquery ``q``'s own conditions, and the inner and outer sides of its ``inner =
-    outer`` equalities (which must be all its correlation, :func:`correlated_by_equalities`)."""
-    own, inner_keys, outer_keys, _ = _correlation(q, inner, "a subquery")
+    outer`` equalities (which must be all its correlation, :func:`correlated_by_equalities`;
+    else refused, naming the subquery ``what``)."""
+    own, inner_keys, outer_keys, _ = _correlation(q, inner, what)
     return own, inner_keys, outer_keys
 
 

@@ -52,8 +52,8 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders ORDER BY o_totalprice DESC LIMIT 
 CREATE VIEW v AS SELECT o_custkey, min(o_totalprice) AS m FROM orders GROUP BY o_custkey
 -- case: exists correlated by a condition true for a NULL outer value
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM customer c WHERE c.c_custkey = o.o_custkey OR c.c_nationkey = o.o_orderkey)
--- case: IN with LIMIT correlated
-CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT c_custkey FROM customer c WHERE c.c_nationkey = o.o_orderkey ORDER BY c_acctbal LIMIT 3)
+-- case: IN with LIMIT correlated by a comparison
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT c_custkey FROM customer c WHERE c.c_custkey > o.o_orderkey ORDER BY c_name LIMIT 3)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
 -- case: two NOT IN over a join, one grouped
@@ -102,3 +102,7 @@ CREATE VIEW v AS SELECT o_orderkey AS _ivm_k0 FROM orders
 CREATE VIEW v AS SELECT c_name, count(*) AS n, (SELECT max(o_totalprice) FROM orders i WHERE i.o_custkey = max(c.c_custkey)) AS a FROM customer c GROUP BY c_name
 -- case: a scalar subquery's aggregate over the outer row
 CREATE VIEW v AS SELECT o_orderkey, (SELECT sum(i.o_totalprice * o.o_totalprice) FROM orders i WHERE i.o_custkey = o.o_custkey) AS s FROM orders o
+-- case: a scalar subquery keeping several rows by LIMIT
+CREATE VIEW v AS SELECT o_orderkey, (SELECT i.o_totalprice FROM orders i WHERE i.o_custkey = o.o_custkey ORDER BY i.o_orderkey LIMIT 3) AS t FROM orders o
+-- case: LIMIT in a subquery without ORDER BY
+CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT c_custkey FROM customer LIMIT 10)
