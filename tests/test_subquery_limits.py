@@ -99,6 +99,8 @@ def test_a_limit_per_key_is_a_topk_per_key_of_an_internal_view() -> None:
     scalar.check()
     texts = "\n".join(explain(v, scalar) for v in scalar.views.values())
     assert "PARTITION BY _c0 ORDER BY _w0 DESC LIMIT 1" in texts, texts
+    # the max of at most one row per key: a tower of one level (ivm.plan.ir.bounded_groups)
+    assert "tower of 1 levels, 16-way, expected group size 1 " in texts, texts
     assert "LeftOuterJoin" in texts, texts  # an order without lines reads NULL
 
 
@@ -161,3 +163,20 @@ def test_an_in_subquery_over_rows_numbered_in_a_derived_table_plans() -> None:
     plan.check()
     texts = "\n".join(explain(v, plan) for v in plan.views.values())
     assert "ROW_NUMBER() OVER (PARTITION BY" in texts and "Filter rn <= 2" in texts, texts
+
+
+def test_a_group_of_a_topk_partition_expects_at_most_its_limit_rows() -> None:
+    plan = _plan(
+        "CREATE VIEW v AS SELECT k, max(q) AS m, min(q) AS n FROM (SELECT l_order AS k, "
+        "l_qty AS q, ROW_NUMBER() OVER (PARTITION BY l_order ORDER BY l_no) AS rn FROM lines) "
+        "WHERE rn <= 3 GROUP BY k"
+    )
+    plan.check()
+    text = explain(plan.views["v"], plan)
+    assert "max/min(q): tower of 1 levels, 16-way, expected group size 3 " in text, text
+    wider = _plan(  # grouped by less than the partition: groups of any size
+        "CREATE VIEW v AS SELECT q, max(k) AS m FROM (SELECT l_order AS k, l_qty AS q, "
+        "ROW_NUMBER() OVER (PARTITION BY l_order ORDER BY l_no) AS rn FROM lines) "
+        "WHERE rn <= 3 GROUP BY q"
+    )
+    assert "(default)" in explain(wider.views["v"], wider)

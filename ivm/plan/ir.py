@@ -841,3 +841,36 @@ def simplify(node: Node) -> Node:
         )
     fused = Project(child, node.outputs)
     return child if fused.is_identity() else fused
+
+
+def bounded_groups(node: Node) -> Node:
+    """``node`` with each :class:`Reduce`'s ``group_size`` lowered to the most rows a group of
+    its input can hold, where the plan says: grouped by (at least) a :class:`TopK`'s
+    partition, through projections and filters, a group holds at most its ``limit`` rows (a
+    subquery's ``LIMIT 1`` per key, then its value's ``max``). Towers are then as tall as
+    that; the result is the same."""
+    if isinstance(node, Get | Constant | Join | SemiJoin):
+        return node
+    if isinstance(node, UnionAll):
+        return UnionAll(tuple(bounded_groups(b) for b in node.branches))
+    if isinstance(node, SetOp):
+        return replace(node, left=bounded_groups(node.left), right=bounded_groups(node.right))
+    out = replace(node, input=bounded_groups(node.input))
+    if isinstance(out, Reduce) and out.keys:
+        most = _rows_per_key(out.input, set(out.keys))
+        if most is not None and (out.group_size is None or most < out.group_size):
+            out = replace(out, group_size=most)
+    return out
+
+
+def _rows_per_key(node: Node, keys: set[str]) -> int | None:
+    """At most how many rows of ``node`` share a value of ``keys`` (None: the plan does not
+    say). A key computed by a projection is left out: fewer keys, larger groups."""
+    if isinstance(node, Filter):
+        return _rows_per_key(node.input, keys)
+    if isinstance(node, Project):
+        plain = {e.name for n, e in node.outputs if n in keys and isinstance(e, exp.Column)}
+        return _rows_per_key(node.input, plain)
+    if isinstance(node, TopK) and set(node.partition) <= keys:
+        return node.limit
+    return None

@@ -46,6 +46,7 @@ from ivm.plan.ir import (
     UnionAll,
     Window,
     _substitute,
+    bounded_groups,
     collections,
     demand,
     referenced_columns,
@@ -1804,7 +1805,7 @@ def lower_view(
 def finished(node: Node) -> Node:
     """A lowered query pruned to the columns read and simplified: a view's plan."""
     node = simplify(demand(node))
-    return simplify(_without_void_branches(node))
+    return bounded_groups(simplify(_without_void_branches(node)))
 
 
 def _check_reserved(node: Node, view: ParsedView) -> None:
