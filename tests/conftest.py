@@ -37,6 +37,7 @@ LONGEST_FIRST = (
     "test_subqueries.py",
     "test_outer_joins.py",
     "test_constants.py",
+    "test_subquery_limits.py",
     "test_sink.py",
     "test_cluster.py",
     "test_delta_sources.py",
