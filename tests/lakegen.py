@@ -21,7 +21,9 @@ from deltalake import DeltaTable, write_deltalake
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
 from engine.results import RefreshReport
+from ivm.plan.planner import ProjectPlan, plan_views
 from ivm.policy import Policy
+from ivm.sql.parse import parse_view
 
 BATCHES_ENV = "IVM_TEST_BATCHES"
 """How many random batches the oracle tests run at most (by default each test's bound: the
@@ -192,6 +194,19 @@ LINES = pa.schema(
         ("l_price", pa.decimal128(10, 2)),
     ]
 )
+
+
+JOIN_LAKE_COLUMNS = {
+    "customers": ("c_id", "c_name", "c_seg"),
+    "orders": ("o_id", "o_cust", "o_total", "o_status"),
+    "lines": ("l_order", "l_no", "l_qty", "l_price"),
+}
+"""The columns of :class:`JoinLake`'s tables."""
+
+
+def plan_over_join_lake(sql: str) -> ProjectPlan:
+    """The plan of one view ``v.sql`` over :class:`JoinLake`'s tables (no Spark)."""
+    return plan_views([parse_view(sql, "v.sql")], JOIN_LAKE_COLUMNS)
 
 
 class JoinLake:

@@ -18,9 +18,8 @@ from engine.facade import Engine
 from ivm.errors import SqlError
 from ivm.plan.explain import explain
 from ivm.plan.ir import Constant, walk
-from ivm.plan.planner import plan_views
-from ivm.sql.parse import parse_view
 from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
+from tests.lakegen import plan_over_join_lake as _plan
 
 VIEWS = {
     # a mapping table written in the view, with a duplicate key, a NULL key and decimals
@@ -85,17 +84,6 @@ def test_constant_views_match_both_oracles(spark, make_project, tmp_path, use_po
     assert by_driver["per_customer_with_extra"] == "driver", by_driver
     constant = {v.view: v.computed_by for v in reports[-1].views if not plans[v.view].inputs}
     assert set(constant.values()) == {"nothing"}, constant  # built once, never computed again
-
-
-SCHEMAS = {
-    "customers": ("c_id", "c_name", "c_seg"),
-    "orders": ("o_id", "o_cust", "o_total", "o_status"),
-    "lines": ("l_order", "l_no", "l_qty", "l_price"),
-}
-
-
-def _plan(sql: str):
-    return plan_views([parse_view(sql, "v.sql")], SCHEMAS)
 
 
 def test_subqueries_over_no_table_are_expressions():

@@ -17,9 +17,13 @@ import pytest
 from engine.facade import Engine
 from ivm.errors import SqlError
 from ivm.plan.explain import explain
-from ivm.plan.planner import plan_views
-from ivm.sql.parse import parse_view
-from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
+from tests.lakegen import (
+    JoinLake,
+    batches,
+    check_both_oracles,
+    epochs_on_both_paths,
+    plan_over_join_lake,
+)
 
 VIEWS = {
     "orders_with_line_in_band": """
@@ -122,13 +126,6 @@ def test_domain_views_match_both_oracles(spark, make_project, tmp_path, use_poli
     epochs_on_both_paths(engine, lake, use_policy, ["driver", "spark"] * batches(4, bound=1))
 
 
-SCHEMAS = {
-    "customers": ("c_id", "c_name", "c_seg"),
-    "orders": ("o_id", "o_cust", "o_total", "o_status"),
-    "lines": ("l_order", "l_no", "l_qty", "l_price"),
-}
-
-
 @pytest.mark.parametrize(
     ("sql", "at", "construct"),
     [
@@ -148,7 +145,7 @@ SCHEMAS = {
     ],
 )
 def test_a_correlation_true_for_null_is_refused_where_written(sql, at, construct):
-    error = plan_views([parse_view(sql, "v.sql")], SCHEMAS).broken["v"]
+    error = plan_over_join_lake(sql).broken["v"]
     assert isinstance(error, SqlError)
     assert construct in str(error)
     line = next(i for i, text in enumerate(sql.splitlines(), 1) if at in text)
@@ -158,7 +155,7 @@ def test_a_correlation_true_for_null_is_refused_where_written(sql, at, construct
 
 def test_the_domain_is_an_internal_view_in_explain():
     sql = VIEWS["orders_with_line_in_band"]
-    plan = plan_views([parse_view(sql, "v.sql")], SCHEMAS).check()
+    plan = plan_over_join_lake(sql).check()
     names = sorted(plan.views)
     assert names == [
         "orders_with_line_in_band",
@@ -169,7 +166,7 @@ def test_the_domain_is_an_internal_view_in_explain():
 
 
 def test_a_domain_without_equalities_says_what_a_change_costs():
-    plan = plan_views([parse_view(VIEWS["orders_under_two_bounds"], "v.sql")], SCHEMAS).check()
+    plan = plan_over_join_lake(VIEWS["orders_under_two_bounds"]).check()
     text = "\n".join(explain(v, plan) for v in plan.views.values())
     assert "no equality links l, _ivm_domain (joined on a constant)" in text
     assert "orders_under_two_bounds__domain" in text

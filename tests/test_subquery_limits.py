@@ -17,9 +17,8 @@ import pytest
 from engine.facade import Engine
 from ivm.errors import SqlError
 from ivm.plan.explain import explain
-from ivm.plan.planner import plan_views
-from ivm.sql.parse import parse_view
 from tests.lakegen import JoinLake, batches, check_both_oracles, epochs_on_both_paths
+from tests.lakegen import plan_over_join_lake as _plan
 
 VIEWS = {
     "last_line": """
@@ -74,17 +73,6 @@ def test_subquery_limits_match_both_oracles(spark, make_project, tmp_path, use_p
     assert report.ok, "\n".join(f"{v.view}: {v.error}" for v in report.views if v.error)
     check_both_oracles(engine, spark=False)
     epochs_on_both_paths(engine, lake, use_policy, ["driver", "spark"] * batches(2, 1))
-
-
-SCHEMAS = {
-    "customers": ("c_id", "c_name", "c_seg"),
-    "orders": ("o_id", "o_cust", "o_total", "o_status"),
-    "lines": ("l_order", "l_no", "l_qty", "l_price"),
-}
-
-
-def _plan(sql: str):
-    return plan_views([parse_view(sql, "v.sql")], SCHEMAS)
 
 
 def test_a_limit_per_key_is_a_topk_per_key_of_an_internal_view() -> None:
