@@ -46,7 +46,8 @@ from tests.fuzz import (
 from tests.lakegen import batches
 
 DEFAULT_SEEDS = (545, 365)
-"""The CI run's cases (each on both paths, through :func:`tests.lakegen.batches` batches)."""
+"""The CI run's cases (each on both paths, through :func:`tests.lakegen.batches` batches); all
+but the last are marked ``slow`` (a whole-suite run takes half of those, by turns)."""
 
 LONG_CASES = 30
 """Cases of ``--fuzz-long`` (``IVM_FUZZ_CASES`` overrides)."""
@@ -64,6 +65,11 @@ class FuzzSettings:
 
     def __str__(self) -> str:
         return f"seed{self.seed}-{self.path}"
+
+    def param(self, default: bool) -> object:
+        """The pytest parameter: ``slow`` for a default seed but the last."""
+        slow = default and self.seed != DEFAULT_SEEDS[-1]
+        return pytest.param(self, id=str(self), marks=[pytest.mark.slow] if slow else [])
 
 
 def _settings(config: pytest.Config) -> list[FuzzSettings]:
@@ -86,7 +92,8 @@ def _settings(config: pytest.Config) -> list[FuzzSettings]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fuzz" in metafunc.fixturenames:
         settings = _settings(metafunc.config)
-        metafunc.parametrize("fuzz", settings, ids=[str(s) for s in settings])
+        default = [s.seed for s in settings] == [s for s in DEFAULT_SEEDS for _ in range(2)]
+        metafunc.parametrize("fuzz", [s.param(default) for s in settings])
 
 
 @pytest.mark.spark

@@ -204,6 +204,7 @@ JOIN_VIEWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("driver", [True, False], ids=["joins by the driver", "by Spark"])
 def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, policy, driver):
     policy(driver=driver)
