@@ -92,7 +92,7 @@ def test_a_limit_per_key_is_a_topk_per_key_of_an_internal_view() -> None:
     assert "LeftOuterJoin" in texts, texts  # an order without lines reads NULL
 
 
-def test_exists_drops_its_limit() -> None:
+def test_exists_and_an_aggregate_drop_their_limit() -> None:
     plan = _plan(
         "CREATE VIEW v AS SELECT o_id FROM orders o "
         "WHERE EXISTS (SELECT 1 FROM lines l WHERE l.l_order = o.o_id ORDER BY l_no LIMIT 3)"
@@ -100,6 +100,12 @@ def test_exists_drops_its_limit() -> None:
     plan.check()
     assert list(plan.views) == ["v"]  # a semi-join on the lines themselves: no ranking
     assert "TopK" not in explain(plan.views["v"], plan)
+    one_row = _plan(  # an aggregate without GROUP BY has one row: its LIMIT 1 changes nothing
+        "CREATE VIEW v AS SELECT o_id FROM orders o WHERE o_total > "
+        "(SELECT max(l_price) FROM lines l WHERE l.l_order = o.o_id ORDER BY 1 LIMIT 1)"
+    )
+    one_row.check()
+    assert "TopK" not in "\n".join(explain(v, one_row) for v in one_row.views.values())
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ the rows ``m + 1 .. m + n`` in that order: numbered per key and bounded, a per-k
 which the subquery rewrites then join as they do any subquery (the lowerer plans the bounded
 numbering as a TopK per key, an internal view). A scalar subquery must keep at most one row
 (``LIMIT 1``): its value is the ``max`` of that row, NULL over none, as the subquery's is.
-``EXISTS`` ignores a positive LIMIT without OFFSET: the LIMIT and ORDER BY are dropped.
+``EXISTS``, and a subquery that aggregates without GROUP BY (one row), ignore a positive LIMIT
+without OFFSET: the LIMIT and ORDER BY are dropped.
 
 Rows tied in the order are numbered in an order of their own, as Spark's LIMIT takes any of
 them: a view whose ORDER BY does not order every row it may keep has no single result.
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from sqlglot import exp
 
 from ivm.sql.nest import FROM_ARG, own_columns
+from ivm.sql.scope import is_aggregate
 from ivm.sql.subqueries import InnerColumns, SubqueryRefused, correlation_keys, is_inner
 
 LIMITED = "_ivm_limit"
@@ -65,11 +67,11 @@ def ranked_limits(
     number = first_number
     for q in list(_limited(out)):
         kind = _kind(q)
-        if kind == "EXISTS":
+        if kind == "EXISTS" or _aggregates(q):  # one row (or whether any): LIMIT n >= 1 is moot
             if q.args.get("offset") is None and _count(q.args["limit"]) not in (None, 0):
                 q.set("limit", None)
                 q.set("order", None)
-            continue  # else refused by the EXISTS rewrites
+            continue  # else refused by the subquery rewrites
         q.replace(_ranked(q, kind, inner_columns(q), number))
         number += 1
     return out, number - first_number
@@ -88,6 +90,14 @@ def _limited(select: exp.Select) -> Iterator[exp.Select]:
                     and not any(node.args.get(k) for k in _OTHER_CLAUSES)
                 ):
                     yield node
+
+
+def _aggregates(q: exp.Select) -> bool:
+    """Whether ``q`` (without GROUP BY) aggregates or computes a window: its rows are not its
+    FROM's rows, so they are not numbered per key here."""
+    return any(
+        is_aggregate(n) or isinstance(n, exp.Window) for e in q.expressions for n in e.walk()
+    )
 
 
 def _kind(q: exp.Select) -> str:
