@@ -2,8 +2,10 @@
 correlated scalar subquery with ``LIMIT 1`` in the SELECT list (the last line of each order)
 and with ``LIMIT 1 OFFSET 1`` in WHERE (orders at least their customer's second biggest), a
 correlated and an uncorrelated ``IN`` with ``LIMIT``, ``EXISTS`` with ``LIMIT 1``, and an
-uncorrelated scalar ``LIMIT 1`` in HAVING; over customers <- orders <- lines with NULL keys
-(``tests.lakegen.JoinLake``). Every ORDER BY orders the rows it may keep totally.
+uncorrelated scalar ``LIMIT 1`` in HAVING; and an uncorrelated grouped ``NOT IN`` beside another
+and a DISTINCT one under OR (``ivm.sql.subqueries._as_rows``); over customers <- orders <-
+lines with NULL keys (``tests.lakegen.JoinLake``). Every ORDER BY orders the rows it may keep
+totally.
 
 After every epoch each view equals DuckDB's and Spark's from-scratch results of its own SQL,
 on the driver's path and on Spark's. A LIMIT without ORDER BY, a scalar subquery that keeps
@@ -59,9 +61,19 @@ VIEWS = {
         HAVING sum(o_total) > (SELECT l_price * 10 FROM lines
                                ORDER BY l_price DESC, l_order, l_no LIMIT 1)
     """,
+    # a grouped NOT IN beside another NOT IN, and one under OR (the rows of a derived table)
+    "beside_a_grouped_not_in": """
+        CREATE VIEW beside_a_grouped_not_in AS
+        SELECT o.o_id, c.c_name
+        FROM orders o JOIN customers c ON c.c_id = o.o_cust
+        WHERE o.o_id NOT IN (SELECT l_order FROM lines GROUP BY l_order HAVING count(*) > 2)
+          AND o.o_cust NOT IN (SELECT l_qty FROM lines WHERE l_price > 90)
+          AND (o.o_total > 900 OR o.o_cust NOT IN (SELECT DISTINCT l_no FROM lines))
+    """,
 }
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_subquery_limits_match_both_oracles(spark, make_project, tmp_path, use_policy):
     """Built once, then random batches computed in turn where the policy places them and by

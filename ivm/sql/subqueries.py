@@ -53,6 +53,9 @@ NULL_PROPAGATING = (
     exp.Cast,
     exp.Literal,
 )
+ROWS = "_ivm_rows"
+"""The alias of a grouped subquery's rows under NOT IN (:func:`_as_rows`)."""
+
 EMPTY_NOT_NULL = (exp.Count, exp.CountIf, exp.ArrayAgg, exp.ApproxDistinct)
 """Aggregates whose value over no rows is not NULL (``COUNT`` is 0)."""
 
@@ -264,14 +267,10 @@ def _not_in_tested(
     AND stats._nulls = 0 AND match._k0 IS NULL)``. Also how many joins were added (2)."""
     _, query, probe = subquery_predicate(c)
     q = _select_of(query)
-    if any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify")):
-        raise _refuse(
-            "a NOT IN subquery with GROUP BY, HAVING, LIMIT or DISTINCT under OR or beside "
-            "another NOT IN",
-            c,
-        )
     if len(q.expressions) != 1:
         raise _refuse("a NOT IN subquery selecting several columns", c)
+    if any(q.args.get(k) for k in ("group", "having", "limit", "distinct", "qualify")):
+        q = _as_rows(q, inner_columns, c)
     local, inner_keys, outer_keys, _ = _correlation(q, inner_columns(q), "a NOT IN subquery")
     if not inner_keys:  # uncorrelated: one row of counts, joined on a constant
         outer_keys = [exp.column(ONE, table=_wrap_for_constant(outer))]
@@ -301,6 +300,29 @@ def _not_in_tested(
     no_nulls = exp.column("_nulls", table=a).eq(0)
     no_match = exp.Is(this=exp.column("_k0", table=b), expression=exp.null())
     return exp.Paren(this=exp.or_(empty, exp.and_(known, no_nulls, no_match))), 2
+
+
+def _as_rows(q: exp.Select, inner_columns: InnerColumns, at: exp.Expression) -> exp.Select:
+    """An uncorrelated subquery that groups (or is DISTINCT, or limited) as the rows of a
+    derived table of its result, ``SELECT _v FROM (q) AS _ivm_rows``: the same rows, read
+    by a SELECT the NOT IN rewrite takes (the lowerer plans the derived table as an
+    internal view).
+
+    Raises:
+        SubqueryRefused: ``q`` reads the outer row (its groups would depend on it).
+    """
+    qualifiers, columns = inner_columns(q)
+    if any(not is_inner(col, qualifiers, columns) for col in own_columns(q)):
+        raise _refuse(
+            "a correlated NOT IN subquery with GROUP BY, HAVING, LIMIT or DISTINCT under OR "
+            "or beside another NOT IN",
+            at,
+        )
+    value = q.expressions[0]
+    inner = q.copy()
+    inner.set("expressions", [(value.this if isinstance(value, exp.Alias) else value).as_("_v")])
+    alias = exp.TableAlias(this=exp.to_identifier(ROWS))
+    return exp.select(exp.column("_v", table=ROWS)).from_(exp.Subquery(this=inner, alias=alias))
 
 
 def uncorrelated_exists(conjunct: exp.Expression, inner_columns: InnerColumns) -> bool:

@@ -56,8 +56,6 @@ CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE EXISTS (SELECT 1 FROM cus
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_custkey IN (SELECT c_custkey FROM customer c WHERE c.c_custkey > o.o_orderkey ORDER BY c_name LIMIT 3)
 -- case: subquery in select list that does not aggregate
 CREATE VIEW v AS SELECT o_orderkey, (SELECT c_name FROM customer c WHERE c.c_custkey = o_custkey) AS m FROM orders
--- case: two NOT IN over a join, one grouped
-CREATE VIEW v AS SELECT o_orderkey FROM orders o JOIN customer c ON c.c_custkey = o.o_custkey WHERE o_orderkey NOT IN (SELECT c_custkey FROM customer GROUP BY c_custkey) AND o_custkey NOT IN (SELECT o_orderkey FROM orders)
 -- case: scalar subquery correlated through coalesce
 CREATE VIEW v AS SELECT o_orderkey FROM orders o WHERE o_totalprice > (SELECT avg(o_totalprice) FROM orders i WHERE i.o_custkey < coalesce(o.o_custkey, 0))
 -- case: nondeterministic
