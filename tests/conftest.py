@@ -16,7 +16,7 @@ import pytest
 
 from ivm import policy
 from ivm.policy import Policy
-from resources.spark import free_port, spark_conf
+from resources.spark import free_port
 
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
@@ -26,12 +26,6 @@ TEST_SPARK_CONF = {
     "spark.default.parallelism": "2",
     "spark.ui.enabled": "false",
     "spark.driver.memory": "2g",
-    # Short JVMs over tiny tables, two on two cores: the first JIT tier only. The optimizing
-    # tier's compiler threads took most of a test JVM's CPU, compiling plans that run once;
-    # it changes no result.
-    "spark.driver.extraJavaOptions": (
-        spark_conf({})["spark.driver.extraJavaOptions"] + " -XX:TieredStopAtLevel=1"
-    ),
 }
 
 
