@@ -79,6 +79,8 @@ def slow_shard(config: pytest.Config) -> int | None:
     if value == "none":
         return -1
     if value:
+        if not value.isdigit():
+            raise pytest.UsageError(f"{SLOW_ENV}={value!r}: all, none or a shard number")
         return int(value) % SLOW_SHARDS
     if any(not Path(a.split("::")[0]).is_dir() for a in config.args):
         return None
