@@ -56,9 +56,10 @@ worker busy while the other has nothing left. (xdist's own order, most tests fir
 oracle tests of few test functions each for the end.)"""
 
 
-SLOW_SHARDS = 2
+SLOW_SHARDS = 3
 """A whole-suite run (``./dev test``, what CI runs) takes one in this many of the tests marked
-``slow`` (the longest oracle runs and deployment checks), by turns: see :func:`slow_shard`."""
+``slow`` (the longest oracle runs, the second path of tests run over two: ``tests.marks``'s
+``by_turns``, and the deployment checks), by turns: see :func:`slow_shard`."""
 
 SLOW_ENV = "IVM_TEST_SLOW"
 """``all``: every ``slow`` test; ``none``: none; a number: that shard of them; unset: the

@@ -25,6 +25,7 @@ from ivm.plan.planner import plan_views
 from ivm.policy import Policy
 from ivm.sql.parse import parse_view
 from tests.lakegen import batches
+from tests.marks import by_turns
 
 L2 = pa.schema([("lk", pa.int64()), ("ls", pa.string()), ("lv", pa.decimal128(5, 2))])
 R2 = pa.schema([("rk", pa.int64()), ("rd", pa.decimal128(7, 3)), ("rs", pa.string())])
@@ -154,7 +155,9 @@ class ConstantLake:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("driver", [True, False], ids=["small changes by the driver", "by Spark"])
+@pytest.mark.parametrize(
+    "driver", [pytest.param(True, id="small changes by the driver"), by_turns(False, id="by Spark")]
+)
 def test_constant_join_conditions_match_duckdb(spark, make_project, tmp_path, use_policy, driver):
     use_policy(None if driver else Policy.spark_only())
     lake = ConstantLake(tmp_path / "data", seed=5 if driver else 6)

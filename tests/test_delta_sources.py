@@ -22,6 +22,7 @@ from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, table_multiset
 from ivm.errors import SqlError
 from ivm.policy import Policy
+from tests.marks import by_turns
 
 pytestmark = pytest.mark.spark
 
@@ -73,7 +74,9 @@ class SparkLake:
         self.sql(
             f"CREATE TABLE {{customers}} (cust INT, label STRING) USING delta TBLPROPERTIES ({DV})"
         )
-        self.sql("INSERT INTO {customers} VALUES " + ", ".join(f"({c}, 'c{c % 3}')" for c in range(6)))
+        self.sql(
+            "INSERT INTO {customers} VALUES " + ", ".join(f"({c}, 'c{c % 3}')" for c in range(6))
+        )
         self.insert_orders(40)
         return self.paths
 
@@ -108,7 +111,9 @@ def check(engine: Engine, views: list[str]) -> None:
         assert verified.ok, verified.describe()
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["small changes by the driver", "by Spark"])
+@pytest.mark.parametrize(
+    "driver", [pytest.param(True, id="small changes by the driver"), by_turns(False, id="by Spark")]
+)
 def test_views_over_deletion_vectors_and_column_mapping_stay_exact(
     spark, make_project, tmp_path, use_policy, driver
 ):

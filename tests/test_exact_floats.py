@@ -22,6 +22,7 @@ from deltalake import DeltaTable, write_deltalake
 import ivm.policy
 from engine.facade import Engine
 from ops.reduce import floatsum
+from tests.marks import by_turns
 
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("g", pa.string()), ("v", pa.float64()), ("d", pa.decimal128(38, 18))]
@@ -225,7 +226,9 @@ def check(engine: Engine, rows: list[dict]) -> None:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("driver", [True, False], ids=["driver and Spark", "Spark alone"])
+@pytest.mark.parametrize(
+    "driver", [pytest.param(True, id="driver and Spark"), by_turns(False, id="Spark alone")]
+)
 def test_views_stay_exact_through_random_batches(spark, make_project, tmp_path, driver):
     # A NaN result is grouped by Spark (the driver declines it before writing any state), so
     # the driver's run has no NaN or infinity; Spark's has them.
@@ -264,7 +267,8 @@ def test_issue_cases_equal_sparks_from_scratch_answer(spark, make_project, tmp_p
     assert engine.refresh().ok
     DeltaTable(path).delete("id = 0")
     write_deltalake(
-        path, pa.Table.from_pylist([{"id": 20, "g": "b", "v": 1e9 + 2, "d": None}], SCHEMA),
+        path,
+        pa.Table.from_pylist([{"id": 20, "g": "b", "v": 1e9 + 2, "d": None}], SCHEMA),
         mode="append",
     )
     assert engine.refresh().ok

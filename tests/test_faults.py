@@ -14,6 +14,7 @@ from engine.facade import Engine
 from resources.faults import ENV
 from resources.lake import open_table, table_files
 from tests.lakegen import JoinLake
+from tests.marks import by_turns
 from tests.test_oracle import check_all
 
 pytestmark = pytest.mark.spark
@@ -47,7 +48,11 @@ SPARK += '"spark.sql.shuffle.partitions" = "1"\n'
         # and with the inserted rows staged (after its commit is table_committed, above)
         ("deletion_vectors = true", ["vectors_enabled", "vectors_staged"]),
         # by one delta-spark MERGE: killed before it (after it is table_committed, above)
-        ("rewrite_copy_rows = 0\ndriver_rewrite_rows = 0", ["vectors_enabled"]),
+        by_turns(
+            "rewrite_copy_rows = 0\ndriver_rewrite_rows = 0",
+            ["vectors_enabled"],
+            id="deletion vectors by delta-spark",
+        ),
     ],
     ids=["files rewritten", "deletion vectors by the driver", "deletion vectors by delta-spark"],
 )

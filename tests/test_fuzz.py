@@ -47,7 +47,7 @@ from tests.lakegen import batches
 
 DEFAULT_SEEDS = (545, 365)
 """The CI run's cases (each on both paths, through :func:`tests.lakegen.batches` batches); all
-but the last are marked ``slow`` (a whole-suite run takes half of those, by turns)."""
+but the last are marked ``slow`` (a whole-suite run takes a third of those, by turns)."""
 
 LONG_CASES = 30
 """Cases of ``--fuzz-long`` (``IVM_FUZZ_CASES`` overrides)."""

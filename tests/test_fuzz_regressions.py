@@ -21,6 +21,7 @@ from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, spark_compare_views, table_multiset
 from ivm.policy import Policy
 from tests.lakegen import RandomLake, batches
+from tests.marks import by_turns
 
 pytestmark = pytest.mark.spark
 
@@ -111,7 +112,7 @@ def refreshed_through_batches(
     return by_driver
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize("driver", [pytest.param(True, id="driver"), by_turns(False, id="spark")])
 def test_aggregate_of_a_group_key(spark, make_project, tmp_path, use_policy, driver):
     """MIN/MAX and agg(DISTINCT) of a GROUP BY key used to abort the build on both paths
     (COLUMN_ALREADY_EXISTS: state keyed by the group and the value, the same column)."""
@@ -158,7 +159,7 @@ REPEATED_KEYS = {
 }
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize("driver", [pytest.param(True, id="driver"), by_turns(False, id="spark")])
 def test_a_key_named_twice(spark, make_project, tmp_path, use_policy, driver):
     """A partition key named twice used to abort the build (COLUMN_ALREADY_EXISTS)."""
     by_driver = refreshed_through_batches(
@@ -237,7 +238,7 @@ ALIASES = {
 }
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize("driver", [pytest.param(True, id="driver"), by_turns(False, id="spark")])
 def test_aggregate_aliases_are_their_functions(spark, make_project, tmp_path, use_policy, driver):
     """EVERY/SOME/STD/MEAN and PERCENTILE_CONT/_DISC ... FILTER (...) used to be refused
     ("column 'id' must appear in GROUP BY ..."); a SELECT of such aliases alone was planned as

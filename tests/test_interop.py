@@ -17,6 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from engine.facade import Engine
 from resources.lake import has_vectors, snapshot_rows
+from tests.marks import by_turns
 
 pytestmark = pytest.mark.spark
 
@@ -62,7 +63,9 @@ def _multiset(table: pa.Table) -> Counter:
     return Counter(tuple(r[c] for c in names) for r in table.select(names).to_pylist())
 
 
-@pytest.mark.parametrize("vectors", [False, True], ids=["files rewritten", "deletion vectors"])
+@pytest.mark.parametrize(
+    "vectors", [by_turns(False, id="files rewritten"), pytest.param(True, id="deletion vectors")]
+)
 def test_every_lake_table_reads_the_same_in_delta_spark(spark, make_project, tmp_path, vectors):
     """``vectors``: the view tables take every deletion as deletion vectors, which the
     engine reads through delta-rs's DataFusion scan (its pyarrow reader refuses them)."""

@@ -10,6 +10,7 @@ import ivm.policy
 from engine.facade import Engine
 from engine.oracle import compare_views, log_multiset, table_multiset
 from tests.lakegen import JoinLake, batches
+from tests.marks import by_turns
 
 VIEWS = {
     "order_lines": """
@@ -101,7 +102,9 @@ semi-joins are Spark's."""
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("driver", [True, False], ids=["inner joins by the driver", "by Spark"])
+@pytest.mark.parametrize(
+    "driver", [pytest.param(True, id="inner joins by the driver"), by_turns(False, id="by Spark")]
+)
 def test_delta_joins_match_duckdb(spark, make_project, tmp_path, driver):
     with ivm.policy.using(driver=driver):
         _delta_joins_match_duckdb(spark, make_project, tmp_path, driver)

@@ -18,6 +18,7 @@ import pytest
 import ivm.policy
 from engine.facade import Engine
 from tests.lakegen import JoinLake, batches
+from tests.marks import by_turns
 from tests.test_oracle import built_random_lake, check_all
 
 pytestmark = pytest.mark.spark
@@ -143,7 +144,9 @@ VIEWS = {
 }
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["small state by the driver", "by Spark"])
+@pytest.mark.parametrize(
+    "driver", [pytest.param(True, id="small state by the driver"), by_turns(False, id="by Spark")]
+)
 def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
     builds: list[str] = []
     if not driver:  # towers, buffers, sums of a small change, builds: Spark's jobs alone
@@ -382,7 +385,9 @@ def test_a_tower_the_driver_builds_is_the_one_spark_builds(spark, make_project, 
     ]
 
 
-@pytest.mark.parametrize("by_driver", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize(
+    "by_driver", [pytest.param(True, id="driver"), by_turns(False, id="spark")]
+)
 def test_buffered_topk_refills_only_a_depleted_group(
     spark, make_project, tmp_path, policy, by_driver
 ):
