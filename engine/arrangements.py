@@ -307,6 +307,7 @@ class Arrangements:
             as_of,
             columns=set(columns),
             stats=stats.setdefault(str(stage.arrangement), LookupStats()),
+            null_safe=any(stage.null_safe),
         )
 
     def _check_since(self, uri: str, arrangement: ArrangementKey, as_of: int) -> None:

@@ -744,9 +744,11 @@ def lookup_arrow(
     *,
     columns: Collection[str] | None = None,
     stats: LookupStats | None = None,
+    null_safe: bool = False,
 ) -> pa.Table | None:
     """:func:`lookup` answered by the driver, for a join computed there (:mod:`ops.join.driver`):
-    the arrangement's state at ``as_of`` for the keys in ``keys`` (NULL keys match nothing),
+    the arrangement's state at ``as_of`` for the keys in ``keys`` (NULL keys match nothing,
+    unless ``null_safe``: then NULL matches NULL, as in :func:`lookup`),
     only the key and ``columns``, summed: ``(data..., _diff)``, no zero sums. The files are
     chosen by their ``_time`` and first key column's ranges and probed as the read-once
     lookup probes them (:func:`_read_once_by_driver`: in the driver's cache, or their
@@ -764,10 +766,15 @@ def lookup_arrow(
     if why is not None:  # Spark compares keys of two types in a wider one
         declined(f"a lookup in {uri.rsplit('/', 1)[-1]} read by Spark (key {why})")
         return None
-    found = distinct_rows(keys.select(list(key)).drop_null().cast(schema_of(types, key)))
+    found = keys.select(list(key))
+    found = distinct_rows((found if null_safe else found.drop_null()).cast(schema_of(types, key)))
     st.keys = found.num_rows
-    first = sorted(v for v in pc.unique(found.column(key[0])).to_pylist() if v is not None)
-    chosen = [f.file for f in live if first and _may_hold(f, key[0], first)]
+    firsts = pc.unique(found.column(key[0])).to_pylist()
+    first = sorted(v for v in firsts if v is not None)
+    if None in firsts:  # a NULL key: no file's min/max rules it out
+        chosen = [f.file for f in live]
+    else:
+        chosen = [f.file for f in live if first and _may_hold(f, key[0], first)]
     st.files_opened = len(chosen)
     st.rows_in_opened_files = sum(f.num_records or 0 for f in chosen)
     read = _read_once_by_driver(chosen, schema, key, found, as_of, data, st, current())

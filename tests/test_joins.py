@@ -32,6 +32,20 @@ VIEWS = {
         FROM orders a JOIN orders b ON a.o_cust = b.o_cust
         WHERE a.o_id < b.o_id
     """,
+    # NULL-safe keys (<=>): orders without a customer pair up; beside a key compared by =
+    "same_customer_or_none": """
+        CREATE VIEW same_customer_or_none AS
+        SELECT a.o_id AS first_order, b.o_id AS second_order, a.o_status
+        FROM orders a JOIN orders b ON a.o_cust <=> b.o_cust AND a.o_status = b.o_status
+        WHERE a.o_id < b.o_id
+    """,
+    # customers of the same segment (or both without one), with the orders of the second
+    "segment_peers_orders": """
+        CREATE VIEW segment_peers_orders AS
+        SELECT c.c_id, d.c_id AS peer, o.o_id, o.o_total
+        FROM customers c JOIN customers d ON c.c_seg <=> d.c_seg JOIN orders o ON o.o_cust = d.c_id
+        WHERE c.c_id < d.c_id
+    """,
     "orders_left_customers": """
         CREATE VIEW orders_left_customers AS
         SELECT o.o_id, o.o_cust, c.c_name, c.c_seg
@@ -96,9 +110,17 @@ def check(engine: Engine) -> None:
         assert log_multiset(engine, c.view, c.epoch) == table_multiset(engine.read_view(c.view))
 
 
-INNER = {"order_lines", "cust_order_lines", "same_customer", "line_pairs", "open_by_seg"}
-"""The views whose small changes the driver computes (inner joins: ops.join.driver); the outer and
-semi-joins are Spark's."""
+INNER = {
+    "order_lines",
+    "cust_order_lines",
+    "same_customer",
+    "same_customer_or_none",
+    "segment_peers_orders",
+    "line_pairs",
+    "open_by_seg",
+}
+"""The views whose small changes the driver computes (inner joins, on keys compared by ``=`` or
+``<=>``: ops.join.driver); the outer and semi-joins are Spark's."""
 
 
 @pytest.mark.spark
@@ -143,6 +165,7 @@ def test_views_share_arrangements(make_project, tmp_path):
     assert set(by_cust[0].users) == {
         "cust_order_lines",
         "same_customer",
+        "segment_peers_orders",
         "open_by_seg",
         "orders_left_customers",
         "customers_right_orders",

@@ -143,8 +143,6 @@ def node_support(node: Node) -> str | None:
     """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
     if isinstance(node, Join) and node.preserve:
         return "an outer join is computed by Spark"
-    if isinstance(node, Join) and any(node.null_safe):
-        return "a join on NULL-safe keys (<=>) is computed by Spark"
     if isinstance(node, Window):
         return "window functions are computed by Spark"
     if isinstance(node, Constant):  # no update after the build, which Spark computes

@@ -3,7 +3,8 @@
 Owns the driver's rendering of an inner join's delta paths (:func:`join_delta_local`): the
 plan's paths (:mod:`ivm.plan.join`) advanced together, each stage's lookup read once per
 arrangement and time, each input's own filter and map and the residual predicates evaluated by
-:mod:`ops.stateless.driver`. Outer and semi-joins, and what Arrow's hash join refuses, raise
+:mod:`ops.stateless.driver`; keys compared by ``<=>`` match NULL with NULL. Outer and
+semi-joins, and what Arrow's hash join refuses, raise
 :class:`~ivm.errors.NotOnDriver` and are Spark's (:mod:`ops.join.spark`).
 
 Contract in ``(data, time, diff)`` terms, :func:`ops.join.spark.render_join_delta`'s: given
@@ -14,7 +15,7 @@ the joined diffs (a product past a bigint raises EvaluationError, as Spark's ANS
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,6 +25,7 @@ from ivm.errors import NotOnDriver
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import LookupStage, plan_paths, shared_lookups
 from ops import DIFF, TIME
+from ops.rows import null_safe_matches
 from ops.stateless.driver import filtered, integral_result, projected
 
 
@@ -76,19 +78,48 @@ def _join_stage_local(spark, stream: pa.Table, right: pa.Table, stage: LookupSta
             raise NotOnDriver(
                 f"a join of {field.name} ({field.type}) is Spark's: Arrow's refuses it"
             )
-    out = stream.join(
-        right,
-        keys=list(stage.stream_keys),
-        right_keys=list(stage.input_keys),
-        join_type="inner",
-        coalesce_keys=False,
-        use_threads=False,
-    )
+    out = _joined(stream, right, stage)
     diff = _diff_product(out.column(DIFF), out.column(_RIGHT_DIFF))
     out = out.drop_columns([DIFF, _RIGHT_DIFF]).append_column(DIFF, diff)
     for r in stage.residual:
         out = filtered(spark, out, r)
     return out
+
+
+def _strict_keys_present(
+    table: pa.Table, keys: Sequence[str], null_safe: Sequence[bool]
+) -> pa.Table:
+    """``table``'s rows whose keys compared by ``=`` (not NULL-safe) are not NULL."""
+    for key, safe in zip(keys, null_safe, strict=True):
+        if not safe:
+            table = table.filter(pc.is_valid(table.column(key)))
+    return table
+
+
+def _joined(stream: pa.Table, right: pa.Table, stage: LookupStage) -> pa.Table:
+    """Each row of ``stream`` beside each row of ``right`` whose ``stage`` keys equal its own:
+    Arrow's hash join, or, where a key pair is NULL-safe (``<=>``), the pairs of positions
+    of :func:`ops.rows.null_safe_matches`, the rows with a NULL in a key pair compared by
+    ``=`` left out first (they match nothing)."""
+    if not any(stage.null_safe):
+        return stream.join(
+            right,
+            keys=list(stage.stream_keys),
+            right_keys=list(stage.input_keys),
+            join_type="inner",
+            coalesce_keys=False,
+            use_threads=False,
+        )
+    flags = [safe for _, _, safe in stage.matches()]
+    stream = _strict_keys_present(stream, stage.stream_keys, flags)
+    right = _strict_keys_present(right, stage.input_keys, flags)
+    keys = right.select(list(stage.input_keys)).rename_columns(list(stage.stream_keys))
+    pairs = null_safe_matches(stream, keys, stage.stream_keys)
+    left = stream.take(pairs.column("_row"))
+    matched = right.take(pairs.column("_key"))
+    for name in matched.column_names:
+        left = left.append_column(matched.schema.field(name), matched.column(name))
+    return left
 
 
 def join_delta_local(
@@ -106,8 +137,6 @@ def join_delta_local(
     lookup, diffs multiplied, every update at ``new``. Outer and semi-joins are Spark's."""
     if isinstance(join, SemiJoin) or join.preserve:
         raise NotOnDriver("outer and semi-joins are computed by Spark")
-    if any(join.null_safe):
-        raise NotOnDriver("a join on NULL-safe keys (<=>) is computed by Spark")
     paths = [p for p in plan_paths(join) if join.inputs[p.source].get.collection not in unchanged]
     if not paths:
         raise NotOnDriver("no input of the join changed")
