@@ -62,6 +62,20 @@ EVALUATED = [
     "qty <=> NULL",
     "qty = NULL",
     "flag = true",
+    "name LIKE 'a%'",
+    "name LIKE '_é'",  # one character, not one byte
+    "name LIKE '%A%'",  # case-sensitive
+    "NOT (name LIKE 'G%x')",
+    "name NOT LIKE '%a'",
+    "seg LIKE 'BUILD_NG'",
+    "concat(name, '%_') LIKE '%\\\\%\\\\_'",  # escaped: the literal characters
+    "EXTRACT(YEAR FROM day)",
+    "EXTRACT(MONTH FROM day) * 100 + EXTRACT(DAY FROM day)",
+    # an expression of no column holding what the driver does not compute: Spark's value
+    "day < DATE '1995-01-31' + INTERVAL '1' MONTH",  # February's last day: Spark's clamping
+    "day >= DATE '1998-12-01' - INTERVAL '90' DAY",
+    "DATE '1996-02-29' + INTERVAL '1' YEAR",
+    "CASE WHEN flag THEN make_date(2024, 2, 30 - 1) END",
 ]
 
 LEFT_TO_SPARK = [
@@ -71,8 +85,11 @@ LEFT_TO_SPARK = [
     "substr(seg, -2)",
     "ratio * 2",  # floating point
     "ratio > 0.5",
-    "name LIKE 'a%'",
     "DATE '2024-1-5'",  # a date Spark reads more leniently
+    "name LIKE seg",  # a computed pattern
+    "name LIKE 'a!%' ESCAPE '!'",
+    "CASE WHEN flag THEN make_date(2024, 13, 1) END",  # Spark's plan decides whether it fails
+    "EXTRACT(HOUR FROM day)",
 ]
 
 

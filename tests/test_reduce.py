@@ -56,6 +56,17 @@ VIEWS = {
         CREATE VIEW r_empty_global AS
         SELECT count(*) AS n, sum(qty) AS s, max(price) AS m FROM items WHERE qty > 100
     """,
+    # global COUNT/SUM/AVG/VARIANCE (DISTINCT too): the driver's; one row even over no row
+    "r_global_sums": """
+        CREATE VIEW r_global_sums AS
+        SELECT count(*) AS n, count(qty) AS nq, sum(qty) AS sq, avg(price) AS ap,
+               sum(DISTINCT qty) AS sdq, var_samp(qty) AS vq
+        FROM items
+    """,
+    "r_sparse_global": """
+        CREATE VIEW r_sparse_global AS
+        SELECT count(*) AS n, sum(price) AS sp, avg(qty) AS aq FROM items WHERE qty >= 11
+    """,
     "r_minmax": """
         -- ivm: expected_group_size = 200
         CREATE VIEW r_minmax AS
@@ -161,12 +172,14 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
-        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, and
+        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too, and without GROUP BY)
+        # and MIN/MAX, and
         # buffered TopKs: a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
         # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
         grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union", "r_var"}
+        grouped |= {"r_global_sums", "r_sparse_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         expected = (grouped | ranked if driver else set()) | {"r_over_agg"}
         assert by_driver - {"r_top_of_view"} == expected, by_driver

@@ -46,10 +46,16 @@ VALUES: tuple[type[exp.Expression], ...] = (
     exp.Nullif,
     exp.Div,
     exp.NullSafeEQ,
+    exp.Like,
+    exp.Extract,
     *COMPARISONS,
     *ARITHMETIC,
 )
-"""Expressions the driver evaluates as values (it asks Spark for each one's type)."""
+"""Expressions the driver evaluates as values (it asks Spark for each one's type); and any
+expression of no column (:func:`folded`)."""
+
+DATE_PARTS = {"YEAR": "year", "MONTH": "month", "DAY": "day", "DAYOFMONTH": "day"}
+"""The fields ``EXTRACT(field FROM date)`` takes on the driver (Arrow's function for each)."""
 
 STRUCTURE: tuple[type[exp.Expression], ...] = (
     exp.Paren,
@@ -57,6 +63,7 @@ STRUCTURE: tuple[type[exp.Expression], ...] = (
     exp.Identifier,
     exp.DataType,
     exp.DataTypeParam,
+    exp.Var,  # EXTRACT's field
 )
 """Parts of expressions that are not values of their own (``If`` is also CASE's branch)."""
 
@@ -97,16 +104,51 @@ def _node_support(node: exp.Expression) -> str | None:
         return "CASE x WHEN ... is computed by Spark"
     if isinstance(node, exp.Substring):
         return _substring_support(node)
+    if isinstance(node, exp.Like):
+        return _like_support(node)
+    if isinstance(node, exp.Extract):
+        part = node.this.name.upper() if isinstance(node.this, exp.Var) else None
+        if part not in DATE_PARTS:
+            return f"EXTRACT({node.this.sql(dialect='spark')} FROM ...) is computed by Spark"
+    if isinstance(node, exp.Var) and not isinstance(node.parent, exp.Extract):
+        return f"{node.name} is computed by Spark"
     return None
+
+
+def _like_support(e: exp.Like) -> str | None:
+    """A LIKE the driver matches as Spark does: a constant pattern whose backslashes escape
+    ``%``, ``_`` or a backslash (Spark refuses any other escape; Arrow would not)."""
+    pattern = e.expression
+    if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+        return "LIKE with a computed pattern is Spark's"
+    text, i = pattern.this, 0
+    while i < len(text):
+        if text[i] == "\\":
+            if i + 1 >= len(text) or text[i + 1] not in "%_\\":
+                return f"LIKE {pattern.sql(dialect='spark')} (an escape Spark refuses) is Spark's"
+            i += 1
+        i += 1
+    return None
+
+
+def folded(e: exp.Expression) -> bool:
+    """Whether the driver takes ``e``'s value from Spark, once per process: an expression of no
+    column holding a node the driver does not evaluate itself, as ``DATE '1994-01-01' +
+    INTERVAL '1' YEAR`` (deterministic: the parser refuses ``rand()`` and ``current_date``)."""
+    nodes = list(e.walk())
+    return not any(isinstance(n, exp.Column) for n in nodes) and any(
+        _node_support(n) is not None for n in nodes
+    )
 
 
 def expression_support(e: exp.Expression) -> str | None:
     """Why the driver cannot evaluate ``e`` whatever its types and rows, or None."""
-    for node in e.walk():
-        why = _node_support(node)
-        if why is not None:
-            return why
-    return None
+    if folded(e):
+        return None
+    why = _node_support(e)
+    if why is not None:
+        return why
+    return next(filter(None, map(expression_support, e.iter_expressions())), None)
 
 
 def _expressions(node: Node) -> list[exp.Expression]:
@@ -127,8 +169,8 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
     if isinstance(node, TopK):
         (branch,) = branches(node)
         return None if branch.kind == "buffer" else "this TopK is computed by Spark"
-    if not node.keys:
-        return "a global aggregate is computed by Spark"
+    if not node.keys and any(b.kind != "accumulable" for b in branches(node)):
+        return "MIN/MAX of a global aggregate is computed by Spark"
     for b in branches(node):
         if b.kind == "hierarchical" and b.levels == 0:
             return "MIN/MAX of an append-only input is computed by Spark"

@@ -20,7 +20,7 @@ level's change, :func:`ops.reduce.climb.climb_rows`), and the result is the redu
 consolidated, with Spark's values and types.
 
 :class:`~ivm.errors.NotOnDriver`, raised before any state is written, hands the node to Spark:
-a build, more input updates than the policy's ``driver_state_rows``, a global aggregate, a
+a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX without GROUP BY, a
 monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
 not read, a value past its type; for a TopK, a tower or a group to refill from its input.
@@ -45,7 +45,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from ivm.errors import InvariantViolation, NotOnDriver
 from ivm.plan.driver import node_support
 from ivm.plan.ir import Aggregate, Reduce, TopK
-from ivm.plan.reduce import FANOUT_BITS, SUMMED, Branch, branches
+from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, SUMMED, Branch, branches
 from ivm.policy import current
 from ops import DIFF, TIME
 from ops.reduce import accumulable, buffer, floatsum
@@ -226,17 +226,25 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
         raise NotOnDriver("the state is not the driver's to read")
     if delta.num_rows > current().driver_state_rows:
         raise NotOnDriver("more updates than the driver's state rows")
+    global_row = not node.keys
+    if global_row:  # one group, keyed as Spark's path keys it (its row exists with no input row)
+        zero = pa.array([0] * delta.num_rows, pa.int32())
+        delta = delta.append_column(GLOBAL_KEY, zero)
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
-    keys = list(node.keys)
+    keys = list(node.keys) or [GLOBAL_KEY]
     rows = delta.filter(pc.not_equal(delta.column(DIFF), 0))
     key_schema = pa.schema([delta.schema.field(k) for k in keys])
     probe = rows.select(keys).group_by(keys, use_threads=False).aggregate([]).cast(key_schema)
+    if global_row:
+        probe = pa.table({GLOBAL_KEY: pa.array([0], pa.int32())})
     touched = [tuple(r[k] for k in keys) for r in probe.to_pylist()]
     found: list[tuple[dict[Group, list], dict[Group, list]]] = []
     for branch in branches(node):
         if branch.kind == "accumulable":
-            found.append(_accumulable(branch, rows, delta.schema, types, keys, probe, store))
+            found.append(
+                _accumulable(branch, rows, delta.schema, types, keys, probe, store, global_row)
+            )
         else:
             found.append(_tower(branch, rows, types, keys, probe, store))
     change: Counter = Counter()
@@ -286,9 +294,10 @@ def _accumulable(
     keys: list[str],
     probe: pa.Table,
     store: Any,
+    global_row: bool = False,
 ) -> tuple[dict[Group, list], dict[Group, list]]:
     """Write an accumulable branch's state change; its results per touched group at old and
-    at new (groups with rows only)."""
+    at new (groups with rows only; ``global_row``: the one group, rows or not)."""
     if branch.distinct:
         rows = _distinct_flips(branch, rows, schema, keys, store)
     acc = _Accumulable(branch.aggregates, types)
@@ -316,8 +325,13 @@ def _accumulable(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         raise NotOnDriver(f"{branch.name}: a sum past its state's type") from err
     store.write_rows(table, update)
+    if global_row:  # no state row yet: the sums of no row
+        old, new = ({(0,): [0] * len(acc.names), **state} for state in (old, new))
     return tuple(  # type: ignore[return-value]
-        {g: acc.results(s, at.get(g)) for g, s in accumulable.existing(state, acc.names).items()}
+        {
+            g: acc.results(s, at.get(g))
+            for g, s in (state if global_row else accumulable.existing(state, acc.names)).items()
+        }
         for state, at in zip((old, new), bins, strict=True)
     )
 

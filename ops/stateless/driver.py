@@ -16,7 +16,11 @@ and quotients rounded once from their exact values, as Spark's 39 truncated digi
 (:mod:`ops.decimals`); integers checked against
 their type; strings as UTF-8 bytes. Conditional parts (CASE branches, COALESCE's and IF's
 later arguments, the right side of AND/OR) are evaluated on the rows that reach them only, as
-Spark evaluates them.
+Spark evaluates them. An expression of no column holding what the driver does not evaluate
+itself (``DATE '1994-01-01' + INTERVAL '1' YEAR``, ``make_date(...)``) is Spark's value, asked
+once per process and setting (:func:`ivm.plan.driver.folded`). ``LIKE`` a constant pattern is
+Arrow's ``match_like`` (the same escapes; ``_`` one character); ``EXTRACT`` of a date's year,
+month or day Arrow's.
 
 A value that fails on a row as Spark's ANSI mode fails it (an overflow, a division by zero)
 raises :class:`~ivm.errors.EvaluationError` naming the expression and the output column
@@ -47,12 +51,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.errors import PySparkException
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_type
 from sqlglot import exp
 
 from ivm.errors import EvaluationError, NotOnDriver
-from ivm.plan.driver import ARITHMETIC, COMPARISONS, VALUES, expression_support
+from ivm.plan.driver import (
+    ARITHMETIC,
+    COMPARISONS,
+    DATE_PARTS,
+    VALUES,
+    expression_support,
+    folded,
+)
 from ivm.plan.ir import (
     Filter,
     Get,
@@ -197,6 +209,60 @@ def _is_value(node: exp.Expression) -> bool:
     return isinstance(node, VALUES)
 
 
+def _value_nodes(e: exp.Expression) -> Iterator[exp.Expression]:
+    """The nodes of ``e`` the driver evaluates as values: a :func:`folded` one whole, not its
+    parts (Spark computes it)."""
+    if folded(e):
+        yield e
+        return
+    if _is_value(e):
+        yield e
+    for child in e.iter_expressions():
+        yield from _value_nodes(child)
+
+
+_CONSTANTS: dict[tuple[str, str], pa.Scalar] = {}
+"""Per Spark setting (:func:`_typing`, the session's time zone) and SQL, the value of a
+:func:`folded` expression as Spark computed it."""
+
+_CONSTANT_TYPES = (
+    T.BooleanType,
+    T.StringType,
+    T.DateType,
+    T.DecimalType,
+    T.FloatType,
+    T.DoubleType,
+    *_INTEGRAL_DIGITS,
+)
+"""The types of a folded value the driver takes from Spark's result (a timestamp's would go
+through Python's local time)."""
+
+
+def _constant(spark, e: exp.Expression, t: T.DataType) -> pa.Scalar:
+    """The value of ``e`` (a :func:`folded` expression, of Spark's type ``t``) as Spark
+    computes it: asked once per process and setting. One that fails raises NotOnDriver: Spark's
+    plan decides whether a row reaches it."""
+    sql = spark_sql(e)
+    setting = json.dumps(
+        {**_typing(spark), "zone": spark.conf.get("spark.sql.session.timeZone", None)},
+        sort_keys=True,
+    )
+    with _TYPES_LOCK:
+        known = _CONSTANTS.get((setting, sql))
+    if known is not None:
+        return known
+    if not isinstance(t, (*_CONSTANT_TYPES, T.NullType)):
+        raise NotOnDriver(f"{sql} (a {t.simpleString()}) is computed by Spark")
+    try:
+        (row,) = spark.sql(f"SELECT {sql}").collect()
+    except PySparkException as err:
+        raise NotOnDriver(f"{sql} fails in Spark, whose plan decides if it runs") from err
+    value = pa.scalar(row[0], arrow_type(t))
+    with _TYPES_LOCK:
+        _CONSTANTS[(setting, sql)] = value
+    return value
+
+
 def _check_supported(e: exp.Expression) -> None:
     why = expression_support(e)
     if why is not None:
@@ -210,11 +276,10 @@ def spark_types(spark, schema: T.StructType, expressions: Sequence[exp.Expressio
     wanted: list[str] = []
     for e in expressions:
         _check_supported(e)
-        for node in e.walk():
-            if _is_value(node):
-                sql = spark_sql(node)
-                if (fields, sql) not in _TYPES and sql not in wanted:
-                    wanted.append(sql)
+        for node in _value_nodes(e):
+            sql = spark_sql(node)
+            if (fields, sql) not in _TYPES and sql not in wanted:
+                wanted.append(sql)
     if not wanted:
         return
     analysed = spark.createDataFrame([], schema).selectExpr(*wanted).schema
@@ -397,6 +462,8 @@ class Evaluator:
     def __call__(self, e: exp.Expression) -> Value:
         while isinstance(e, exp.Paren):
             e = e.this
+        if folded(e):
+            return _constant(self.spark, e, self.type_of(e))
         try:
             return self._value(e, self.type_of(e))
         except EvaluationError as failure:
@@ -507,6 +574,21 @@ class Evaluator:
             return pc.binary_join_element_wise(*values, "")
         if isinstance(e, exp.Coalesce):
             return self._coalesce(e, t)
+        if isinstance(e, exp.Like):  # a constant pattern (ivm.plan.driver._like_support)
+            if not isinstance(self.type_of(e.this), (T.StringType, T.NullType)):
+                raise NotOnDriver("LIKE of a non-string is computed by Spark")
+            v = self(e.this)
+            if _is_null(v):
+                return pa.scalar(None, pa.bool_())
+            matched = pc.match_like(v, e.expression.this)
+            return pc.invert(matched) if e.args.get("negate") else matched  # NOT LIKE
+        if isinstance(e, exp.Extract):  # of a DATE: YEAR, MONTH or DAY (DATE_PARTS)
+            if not isinstance(self.type_of(e.expression), T.DateType):
+                raise NotOnDriver("EXTRACT from a non-date is computed by Spark")
+            v = self(e.expression)
+            if _is_null(v):
+                return pa.scalar(None, arrow_type(t))
+            return getattr(pc, DATE_PARTS[e.this.name.upper()])(v).cast(arrow_type(t))
         raise NotOnDriver(f"{type(e).__name__} is computed by Spark")
 
     # -- leaves ------------------------------------------------------------------------------
