@@ -67,6 +67,13 @@ EVALUATED = [
     "name LIKE '%A%'",  # case-sensitive
     "NOT (name LIKE 'G%x')",
     "name NOT LIKE '%a'",
+    "(qty > 2) IS TRUE",
+    "(qty > 2) IS NOT FALSE",
+    "flag IS FALSE",
+    "CASE seg WHEN 'BUILDING' THEN 1 WHEN 'machinery' THEN qty END",
+    "CASE qty WHEN 1 THEN 'one' WHEN 2.0 THEN 'two' ELSE name END",
+    "CASE qty WHEN NULL THEN 'never' ELSE 'else' END",
+    "CASE qty WHEN 0 THEN 0 ELSE price / qty END",  # the division not taken never fails
     "seg LIKE 'BUILD_NG'",
     "concat(name, '%_') LIKE '%\\\\%\\\\_'",  # escaped: the literal characters
     "EXTRACT(YEAR FROM day)",

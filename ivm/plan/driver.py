@@ -93,15 +93,13 @@ def _substring_support(e: exp.Substring) -> str | None:
 def _node_support(node: exp.Expression) -> str | None:
     if not isinstance(node, VALUES + STRUCTURE):
         return f"{type(node).__name__} is computed by Spark"
-    if isinstance(node, exp.Is) and not isinstance(node.expression, exp.Null):
-        return "IS TRUE/FALSE is computed by Spark"
+    if isinstance(node, exp.Is) and not isinstance(node.expression, (exp.Null, exp.Boolean)):
+        return f"IS {node.expression.sql(dialect='spark')} is computed by Spark"
     if isinstance(node, exp.In):
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
             return "IN (subquery) is computed by Spark"
         if not node.expressions:
             return "an empty IN list is Spark's"
-    if isinstance(node, exp.Case) and node.this is not None:
-        return "CASE x WHEN ... is computed by Spark"
     if isinstance(node, exp.Substring):
         return _substring_support(node)
     if isinstance(node, exp.Like):

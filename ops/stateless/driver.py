@@ -534,6 +534,11 @@ class Evaluator:
             return self._logical(e)
         if isinstance(e, exp.Not):
             return pc.invert(_as_bool(self(e.this)))
+        if isinstance(e, exp.Is) and isinstance(e.expression, exp.Boolean):  # x <=> TRUE|FALSE
+            if not isinstance(self.type_of(e.this), (T.BooleanType, T.NullType)):
+                raise NotOnDriver("IS TRUE/FALSE of a non-boolean is Spark's")
+            truth = _broadcast(_as_bool(self(e.this)), n)
+            return pc.fill_null(pc.equal(truth, bool(e.expression.this)), False)
         if isinstance(e, exp.Is):  # IS NULL (:func:`ivm.plan.driver.expression_support`)
             return pc.is_null(self(e.this))
         if isinstance(e, exp.In):
@@ -758,13 +763,20 @@ class Evaluator:
 
     def _case(self, e: exp.Case, t: T.DataType) -> Value:
         """CASE WHEN as Spark evaluates it: each condition on the rows no earlier one took,
-        each value (and ELSE) on the rows it is chosen for (CASE x WHEN is Spark's:
-        :func:`ivm.plan.driver.expression_support`)."""
+        each value (and ELSE) on the rows it is chosen for. ``CASE x WHEN v`` is Spark's
+        ``CASE WHEN x = v`` (its analyser's rewrite)."""
         n = self.table.num_rows
         conditions, values = [], []
         open_rows: pa.Array | None = None  # None: every row
+        key = e.this
         for branch in e.args["ifs"]:
-            condition = _as_bool(self._where(open_rows, branch.this))
+            if key is None:
+                condition = _as_bool(self._where(open_rows, branch.this))
+            else:
+                when = branch.this
+                condition = self._only(
+                    open_rows, lambda ev, v=when: ev._compare("equal", key, v), pa.bool_()
+                )
             taken = pc.fill_null(_broadcast(condition, n), False)
             conditions.append(taken)
             values.append(self._branch(taken, branch.args["true"], t))
