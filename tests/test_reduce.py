@@ -182,13 +182,18 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         grouped |= {"r_global_sums", "r_sparse_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         expected = (grouped | ranked if driver else set()) | {"r_over_agg"}
-        assert by_driver - {"r_top_of_view"} == expected, by_driver
+        # With the driver's state rows off, a change reaching no state row at all (nothing
+        # to read: r_sparse_global's empty filter) is still the driver's: it changes nothing.
+        idle = set() if driver else {v.view for v in report.views if v.rows_changed == 0}
+        assert by_driver - {"r_top_of_view"} - idle == expected, by_driver
         check_all(engine)
     # A TopK over a view with no spare rows refilled from the view's contents at least once.
     refilled = {m.split(":", 1)[0] for m in messages if "refilled from the input" in m}
     assert "r_top_of_view" in refilled, messages
     # Sums per group and DISTINCT counts (a global COUNT/SUM's aside) written by the driver.
-    driver_writes = [m.split(": state ")[-1] for m in messages if "by the driver" in m]
+    driver_writes = [  # (an idle change's empty write aside, as above)
+        m.split(": state ")[-1] for m in messages if "by the driver" in m and ": 0 rows" not in m
+    ]
     sums = [m for m in driver_writes if ".accumulable:" in m]
     counts = [m for m in driver_writes if ".distinct_" in m and ".accumulable:" not in m]
     assert bool(sums) == bool(counts) == driver, messages
