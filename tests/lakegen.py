@@ -59,6 +59,15 @@ def epochs_on_both_paths(
         assert {v.view for v in report.views} == set(engine.plan.order)
         if path == "spark":  # nothing: no input of the view changed
             assert {v.computed_by for v in report.views} <= {"spark", "nothing"}
+        else:  # what the policy placed on the driver and Spark computed says why
+            silent = [
+                v.view
+                for v in report.views
+                if v.computed_by == "spark"
+                and (v.placement or "").startswith("driver")
+                and not v.driver_declined
+            ]
+            assert not silent, silent
         check_both_oracles(engine, spark=n == len(paths))
     use_policy(default)
     return reports

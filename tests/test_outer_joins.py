@@ -182,8 +182,8 @@ def _plan(sql: str):
 
 def test_null_safe_keys_are_keys() -> None:
     """``a <=> b`` and ``a = b OR (a IS NULL AND b IS NULL)`` are join keys matching NULL
-    with NULL (EXPLAIN writes ``<=>``); the driver computes an inner join on them (outer joins
-    are Spark's); one ``=`` in a class makes it plain equality."""
+    with NULL (EXPLAIN writes ``<=>``); the driver computes inner and outer joins on them; one
+    ``=`` in a class makes it plain equality."""
     from ivm.plan.driver import driver_support
     from ivm.plan.explain import explain
 
@@ -192,7 +192,7 @@ def test_null_safe_keys_are_keys() -> None:
         text = explain(plan.views[name.lower()], plan)
         assert " <=> " in text and "residual" not in text, text
         why = driver_support(plan.views[name].root)
-        assert why is None if name == "same_customer" else "outer join" in (why or ""), why
+        assert why is None, why
     mixed = _plan(
         "CREATE VIEW v AS SELECT a.o_id FROM orders a JOIN orders b ON a.o_cust <=> b.o_cust "
         "JOIN orders c ON c.o_cust = b.o_cust"
@@ -287,13 +287,16 @@ def test_nesting_resolves_names_as_the_query_does(sql: str, message: str | None)
 @pytest.mark.slow
 @pytest.mark.spark
 def test_outer_joins_of_more_inputs_match_both_oracles(spark, make_project, tmp_path, use_policy):
-    """Built once, then random batches computed in turn where the policy places them and by
-    Spark alone (one, where the policy places it, unless IVM_TEST_BATCHES asks for more);
-    every view checked against DuckDB after each, and all, internal ones included, against
-    Spark after the last."""
+    """Built once, then random batches computed in turn where the policy places them (the
+    driver computes the outer joins) and by Spark alone; every view checked against DuckDB
+    after each, and all, internal ones included, against Spark after the last."""
     lake = JoinLake(tmp_path / "data", seed=31)
     engine = Engine(make_project(VIEWS, lake.create()), spark=spark)
     assert engine.refresh().ok
     check_both_oracles(engine, spark=False)
-    # outer joins are Spark's on either path: one epoch each way only with more batches
-    epochs_on_both_paths(engine, lake, use_policy, (["driver", "spark"] * 4)[: batches(8, bound=1)])
+    paths = (["driver", "spark"] * 4)[: batches(8, bound=1)]  # Spark's too with more batches
+    reports = epochs_on_both_paths(engine, lake, use_policy, paths)
+    by_driver = {v.view for v in reports[0].views if v.computed_by == "driver"}
+    # LEFT, FULL and RIGHT joins, and scalar subqueries' LEFT JOINs, all on the driver
+    outer = {"left_chain", "full_chain", "segments_of_lines__join", "order_line_figures__join"}
+    assert outer <= by_driver, outer - by_driver

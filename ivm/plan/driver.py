@@ -17,7 +17,19 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from ivm.plan.ir import Constant, Filter, Get, Join, Node, Project, Reduce, TopK, UnionAll, Window
+from ivm.plan.ir import (
+    Constant,
+    Filter,
+    Get,
+    Join,
+    Node,
+    Project,
+    Reduce,
+    SemiJoin,
+    TopK,
+    UnionAll,
+    Window,
+)
 from ivm.plan.reduce import branches
 
 COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
@@ -154,9 +166,9 @@ def _expressions(node: Node) -> list[exp.Expression]:
         return [node.predicate]
     if isinstance(node, Project):
         return [e for _, e in node.outputs]
-    if isinstance(node, Join):
-        out = list(node.residual)
-        for inp in node.inputs:
+    if isinstance(node, (Join, SemiJoin)):
+        out = list(node.residual) if isinstance(node, Join) else []
+        for inp in (node.input, node.other) if isinstance(node, SemiJoin) else node.inputs:
             out += [inp.predicate] if inp.predicate is not None else []
             out += [e for _, e in inp.outputs]
         return out
@@ -181,13 +193,13 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
 
 def node_support(node: Node) -> str | None:
     """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
-    if isinstance(node, Join) and node.preserve:
-        return "an outer join is computed by Spark"
+    if isinstance(node, SemiJoin) and node.null_aware:
+        return "NOT IN (its state) is computed by Spark"
     if isinstance(node, Window):
         return "window functions are computed by Spark"
     if isinstance(node, Constant):  # no update after the build, which Spark computes
         return None
-    if not isinstance(node, (Get, Filter, Project, UnionAll, Join, Reduce, TopK)):
+    if not isinstance(node, (Get, Filter, Project, UnionAll, Join, SemiJoin, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"
     if isinstance(node, (Reduce, TopK)):
         return _reduce_support(node)
@@ -196,10 +208,10 @@ def node_support(node: Node) -> str | None:
 
 def driver_support(node: Node) -> str | None:
     """Why the driver's renderers cannot compute ``node``'s updates, or None: they render
-    Get, Filter, Project, UnionAll, inner joins, GROUP BY with COUNT/SUM/AVG/variance/BOOL
+    Get, Filter, Project, UnionAll, joins (outer, semi and anti too; not NOT IN), GROUP BY with COUNT/SUM/AVG/variance/BOOL
     and MIN/MAX, and buffered TopK, over the expressions of :data:`VALUES`. A None may still
     meet a decline that depends on types or rows (the module's docstring)."""
     why = node_support(node)
-    if why is not None or isinstance(node, Join):  # a join's inputs are Gets: checked above
+    if why is not None or isinstance(node, (Join, SemiJoin)):  # their inputs are Gets: checked
         return why
     return next(filter(None, map(driver_support, node.inputs)), None)

@@ -25,7 +25,7 @@ from typing import Literal
 from sqlglot import exp
 
 from ivm.errors import UnsupportedSqlError
-from ivm.plan.ir import CollectionKind, Join, referenced_columns
+from ivm.plan.ir import CollectionKind, Join, JoinInput, referenced_columns
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -165,3 +165,30 @@ def shared_lookups(
         at = new if stage.as_of == "new" else old
         shared.setdefault((stage.arrangement, at), []).append(i)
     return shared
+
+
+KeyPair = tuple[str, str, bool]
+"""``(this input's column, the other input's column, NULL-safe)``: one key of a two-input
+join or semi-join, matched by ``=``, or by ``<=>`` where NULL-safe."""
+
+
+def key_pairs(join: Join, side: int) -> list[KeyPair]:
+    """The keys of a two-input join from input ``side``'s point of view (an outer join's
+    unmatched rows of ``side`` are its anti-join with the other input on these)."""
+    other = 1 - side
+    pairs = []
+    for k, cls in enumerate(join.equivalences):
+        mine = [c for i, c in cls if i == side]
+        theirs = [c for i, c in cls if i == other]
+        if mine and theirs:
+            pairs.append((mine[0], theirs[0], join.class_null_safe(k)))
+    return pairs
+
+
+def count_stage(inp: JoinInput, keys: Sequence[str], null_safe: Sequence[bool] = ()) -> LookupStage:
+    """A lookup of ``inp``'s arrangement by its (output) columns ``keys``: the match counts
+    of outer and semi-joins read the rows of the keys a change touched through it."""
+    cols = tuple(inp.source_column(k) or k for k in keys)
+    arrangement = ArrangementKey(inp.get.collection, inp.get.kind, cols)
+    safe = tuple(null_safe) if any(null_safe) else ()
+    return LookupStage(0, arrangement, tuple(keys), tuple(keys), "new", null_safe=safe)

@@ -1,29 +1,33 @@
-"""A small change's inner join computed by the driver, in Arrow, exactly as Spark would.
+"""A small change's join computed by the driver, in Arrow, exactly as Spark would.
 
-Owns the driver's rendering of an inner join's delta paths (:func:`join_delta_local`): the
-plan's paths (:mod:`ivm.plan.join`) advanced together, each stage's lookup read once per
-arrangement and time, each input's own filter and map and the residual predicates evaluated by
-:mod:`ops.stateless.driver`; keys compared by ``<=>`` match NULL with NULL. Outer and
-semi-joins, and what Arrow's hash join refuses, raise
-:class:`~ivm.errors.NotOnDriver` and are Spark's (:mod:`ops.join.spark`).
+Owns the driver's rendering of a join's delta paths (:func:`join_delta_local`): the plan's
+paths (:mod:`ivm.plan.join`) advanced together, each stage's lookup read once per arrangement
+and time, each input's own filter and map and the residual predicates evaluated by
+:mod:`ops.stateless.driver`; keys compared by ``<=>`` match NULL with NULL. Outer joins add
+each preserved input's unmatched rows, padded with NULLs, and semi/anti joins keep an input's
+rows with (without) a match: both by the match counts of :mod:`ops.join.spark`, read from the
+same arrangements at the old and new times (:func:`_anti_delta_local`). ``NOT IN`` (its state)
+and what Arrow's joins refuse raise :class:`~ivm.errors.NotOnDriver` and are Spark's.
 
 Contract in ``(data, time, diff)`` terms, :func:`ops.join.spark.render_join_delta`'s: given
 each changed input's updates and the other inputs' arrangements at the times the paths read,
-the result is the join's change, every update at the epoch's time ``new`` with the product of
-the joined diffs (a product past a bigint raises EvaluationError, as Spark's ANSI mode does).
+the result is the join's change, every update at the epoch's time ``new``; an inner match's
+diff is the product of the joined diffs (a product past a bigint raises EvaluationError, as
+Spark's ANSI mode does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from ivm.errors import NotOnDriver
 from ivm.plan.ir import Join, JoinInput, SemiJoin
-from ivm.plan.join import LookupStage, plan_paths, shared_lookups
+from ivm.plan.join import KeyPair, LookupStage, count_stage, key_pairs, plan_paths, shared_lookups
 from ops import DIFF, TIME
 from ops.rows import null_safe_matches
 from ops.stateless.driver import filtered, integral_result, projected
@@ -70,9 +74,6 @@ def _join_stage_local(spark, stream: pa.Table, right: pa.Table, stage: LookupSta
     multiplied, then the residual predicates that stage can check."""
     right = right.drop_columns([TIME])
     right = right.rename_columns([_RIGHT_DIFF if c == DIFF else c for c in right.column_names])
-    for s, r in zip(stage.stream_keys, stage.input_keys, strict=True):
-        if stream.schema.field(s).type != right.schema.field(r).type:
-            raise NotOnDriver(f"join keys {s} and {r} differ in type: Spark casts them")
     for field in [*stream.schema, *right.schema]:
         if not _joinable(field.type):
             raise NotOnDriver(
@@ -98,10 +99,13 @@ def _strict_keys_present(
 
 def _joined(stream: pa.Table, right: pa.Table, stage: LookupStage) -> pa.Table:
     """Each row of ``stream`` beside each row of ``right`` whose ``stage`` keys equal its own:
-    Arrow's hash join, or, where a key pair is NULL-safe (``<=>``), the pairs of positions
-    of :func:`ops.rows.null_safe_matches`, the rows with a NULL in a key pair compared by
-    ``=`` left out first (they match nothing)."""
-    if not any(stage.null_safe):
+    Arrow's hash join where the key pairs are plain (``=``) and of one type that is not
+    floating point; else the pairs of positions of :func:`_matches`, the rows with a NULL in
+    a key pair compared by ``=`` left out first (they match nothing)."""
+    pairs = list(zip(stage.stream_keys, stage.input_keys, strict=True))
+    same = all(stream.schema.field(s).type == right.schema.field(r).type for s, r in pairs)
+    floating = any(pa.types.is_floating(stream.schema.field(s).type) for s, _ in pairs)
+    if same and not floating and not any(stage.null_safe):
         return stream.join(
             right,
             keys=list(stage.stream_keys),
@@ -114,17 +118,60 @@ def _joined(stream: pa.Table, right: pa.Table, stage: LookupStage) -> pa.Table:
     stream = _strict_keys_present(stream, stage.stream_keys, flags)
     right = _strict_keys_present(right, stage.input_keys, flags)
     keys = right.select(list(stage.input_keys)).rename_columns(list(stage.stream_keys))
-    pairs = null_safe_matches(stream, keys, stage.stream_keys)
-    left = stream.take(pairs.column("_row"))
-    matched = right.take(pairs.column("_key"))
+    found = _matches(stream, keys, stage.stream_keys)
+    left = stream.take(found.column("_row"))
+    matched = right.take(found.column("_key"))
     for name in matched.column_names:
         left = left.append_column(matched.schema.field(name), matched.column(name))
     return left
 
 
+_INTEGER_DIGITS = {8: 3, 16: 5, 32: 10, 64: 19}
+
+
+def _common_type(a: pa.Field, b: pa.Field) -> pa.DataType:
+    """The type in which Spark compares key columns ``a`` and ``b`` exactly: their own, the
+    wider integer, or a decimal holding both (an integer as a decimal of its digits). Raises
+    NotOnDriver for floating point (Spark's joins make -0.0 equal 0.0 and NaN equal NaN,
+    Arrow's do not) and for other pairs of types (Spark casts them as the driver does not)."""
+    x, y = a.type, b.type
+    if pa.types.is_floating(x) or pa.types.is_floating(y):
+        raise NotOnDriver(f"floating-point keys ({a.name}, {b.name}) are compared by Spark")
+    if x == y and _joinable(x):
+        return x
+    if pa.types.is_signed_integer(x) and pa.types.is_signed_integer(y):
+        return x if x.bit_width >= y.bit_width else y
+    exact = [
+        (t.precision, t.scale)
+        if pa.types.is_decimal128(t)
+        else (_INTEGER_DIGITS[t.bit_width], 0)
+        if pa.types.is_signed_integer(t)
+        else None
+        for t in (x, y)
+    ]
+    if None in exact:
+        raise NotOnDriver(f"keys {a.name} ({x}) and {b.name} ({y}): Spark casts them")
+    scale = max(s for _, s in exact)
+    whole = max(p - s for p, s in exact)
+    if whole + scale > 38:
+        raise NotOnDriver(f"keys {a.name} ({x}) and {b.name} ({y}) exceed 38 digits together")
+    return pa.decimal128(whole + scale, scale)
+
+
+def _matches(rows: pa.Table, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """:func:`ops.rows.null_safe_matches` of ``rows`` and ``keys`` by ``columns`` (named
+    alike in both), each pair compared in Spark's common type (:func:`_common_type`)."""
+    left, right = rows.select(list(columns)), keys.select(list(columns))
+    for i, c in enumerate(columns):
+        t = _common_type(left.schema.field(c), right.schema.field(c))
+        left = left.set_column(i, c, left.column(c).cast(t))
+        right = right.set_column(i, c, right.column(c).cast(t))
+    return null_safe_matches(left, right, columns)
+
+
 def join_delta_local(
     spark,
-    join: Join,
+    join: Join | SemiJoin,
     deltas: Mapping[str, pa.Table],
     lookup: LookupArrow,
     *,
@@ -132,11 +179,12 @@ def join_delta_local(
     new: int,
     unchanged: Collection[str] = (),
 ) -> pa.Table:
-    """:func:`ops.join.spark.render_join_delta` of an inner join, computed by the driver: the same
-    delta paths advanced together, stages reading one arrangement at one time sharing one
-    lookup, diffs multiplied, every update at ``new``. Outer and semi-joins are Spark's."""
-    if isinstance(join, SemiJoin) or join.preserve:
-        raise NotOnDriver("outer and semi-joins are computed by Spark")
+    """:func:`ops.join.spark.render_join_delta` computed by the driver: the same delta paths
+    advanced together, stages reading one arrangement at one time sharing one lookup, diffs
+    multiplied, every update at ``new``; an outer join's unmatched rows and a semi-join's by
+    match counts (:func:`_anti_delta_local`). ``NOT IN`` is Spark's."""
+    if isinstance(join, SemiJoin):
+        return _semi_delta_local(spark, join, deltas, lookup, old, new)
     paths = [p for p in plan_paths(join) if join.inputs[p.source].get.collection not in unchanged]
     if not paths:
         raise NotOnDriver("no input of the join changed")
@@ -161,4 +209,128 @@ def join_delta_local(
                 stage = paths[i].stages[depth]
                 right = prepare_local(spark, join.inputs[stage.input], state)
                 streams[i] = _join_stage_local(spark, streams[i], right, stage)
-    return pa.concat_tables([s.select([*join.columns, TIME, DIFF]) for s in streams])
+    parts = [s.select([*join.columns, TIME, DIFF]) for s in streams]
+    for side in join.preserve:
+        mine, other = join.inputs[side], join.inputs[1 - side]
+        unmatched = _anti_delta_local(
+            spark, mine, other, key_pairs(join, side), deltas, lookup, old, new
+        )
+        padding = prepare_local(spark, other, deltas[other.get.collection]).schema
+        parts.append(_padded(unmatched, join.columns, padding))
+    return pa.concat_tables(parts)
+
+
+def _padded(rows: pa.Table, columns: Sequence[str], padding: pa.Schema) -> pa.Table:
+    """``rows`` as the join's ``columns``: those ``rows`` lacks are NULLs of ``padding``'s
+    types (an outer join's unmatched rows)."""
+    arrays = [
+        rows.column(c) if c in rows.column_names else pa.nulls(rows.num_rows, padding.field(c).type)
+        for c in columns
+    ]
+    return pa.Table.from_arrays(
+        [*arrays, rows.column(TIME), rows.column(DIFF)], names=[*columns, TIME, DIFF]
+    )
+
+
+def _semi_delta_local(
+    spark, join: SemiJoin, deltas: Mapping[str, pa.Table], lookup: LookupArrow, old: int, new: int
+) -> pa.Table:
+    """A semi-join's (anti-join's) change: ``Δanti`` by match counts, and
+    ``Δsemi = ΔA - Δanti`` since ``semi(A, B) = A - anti(A, B)``."""
+    if join.null_aware:
+        raise NotOnDriver("NOT IN keeps state: computed by Spark")
+    pairs = [(a, b, False) for a, b in join.keys]
+    anti = _anti_delta_local(spark, join.input, join.other, pairs, deltas, lookup, old, new)
+    if join.anti:
+        return anti
+    changes = _at(prepare_local(spark, join.input, deltas[join.input.get.collection]), new)
+    retracted = anti.set_column(anti.column_names.index(DIFF), DIFF, pc.negate(anti[DIFF]))
+    return pa.concat_tables([changes.select(anti.column_names), retracted])
+
+
+def _anti_delta_local(
+    spark,
+    mine_inp: JoinInput,
+    other_inp: JoinInput,
+    pairs: Sequence[KeyPair],
+    deltas: Mapping[str, pa.Table],
+    lookup: LookupArrow,
+    old: int,
+    new: int,
+) -> pa.Table:
+    """:func:`ops.join.spark._anti_delta` by the driver: the change of ``mine``'s rows without
+    a match in ``other``, ``ΔM ▷ O(new) + M(old) ⋈ flip`` with ``flip(k) = [c_new(k) = 0] -
+    [c_old(k) = 0]`` over the keys ``other``'s change touched, ``c(k)`` read from its
+    arrangement at each time. A NULL in a key matches nothing, but where the pair is NULL-safe.
+    ``mine``'s columns at time ``new``."""
+    mine_keys, other_keys = [p[0] for p in pairs], [p[1] for p in pairs]
+    safe = [p[2] for p in pairs]
+    other_stage = count_stage(other_inp, other_keys, safe)
+    mine_stage = count_stage(mine_inp, mine_keys, safe)
+
+    def other_rows(keys: pa.Table, at: int) -> pa.Table:
+        probe = keys.rename_columns(list(other_stage.arrangement.key))
+        rows = _at(lookup(other_stage, probe, at, other_inp.get.columns), new)
+        rows = prepare_local(spark, other_inp, rows)
+        return rows.filter(pc.not_equal(rows[DIFF], 0))
+
+    d_mine = _at(prepare_local(spark, mine_inp, deltas[mine_inp.get.collection]), new)
+    d_other = prepare_local(spark, other_inp, deltas[other_inp.get.collection])
+    for m, o in zip(mine_keys, other_keys, strict=True):
+        _common_type(d_mine.schema.field(m), d_other.schema.field(o))
+
+    # 1. Changed rows of `mine` that match nothing at the new time.
+    part1 = d_mine
+    if d_mine.num_rows:
+        present = other_rows(_keys_of(d_mine, mine_keys, safe), new)
+        present = _keys_of(present, other_keys, safe).rename_columns(mine_keys)
+        part1 = d_mine.filter(pc.invert(_matching(d_mine, mine_keys, present)))
+
+    # 2. Keys whose match count crossed zero: `mine`'s old rows with those keys flip.
+    touched = _keys_of(d_other, other_keys, safe)
+    if not touched.num_rows:
+        return part1
+    before = _counts(other_rows(touched, old), other_keys)
+    after = _counts(other_rows(touched, new), other_keys)
+    flipped, flips = [], []
+    for k in map(tuple, zip(*touched.to_pydict().values(), strict=True)):
+        flip = int(after.get(k, 0) == 0) - int(before.get(k, 0) == 0)
+        if flip:
+            flipped.append(k)
+            flips.append(flip)
+    if not flips:
+        return part1
+    keys = pa.Table.from_pylist(
+        [dict(zip(mine_keys, k, strict=True)) for k in flipped],
+        schema=touched.rename_columns(mine_keys).schema,
+    )
+    probe = keys.rename_columns(list(mine_stage.arrangement.key))
+    old_rows = _at(lookup(mine_stage, probe, old, mine_inp.get.columns), new)
+    old_rows = prepare_local(spark, mine_inp, old_rows)
+    matched = _matches(old_rows, keys, mine_keys)
+    part2 = old_rows.take(matched["_row"])
+    sign = pa.array(flips, pa.int64()).take(matched["_key"])
+    part2 = part2.set_column(part2.column_names.index(DIFF), DIFF, pc.multiply(part2[DIFF], sign))
+    return pa.concat_tables([part1, part2.select(part1.column_names)])
+
+
+def _keys_of(rows: pa.Table, keys: Sequence[str], safe: Sequence[bool]) -> pa.Table:
+    """The distinct values of ``rows``' ``keys`` that can match: no NULL in a key compared
+    by ``=``."""
+    table = _strict_keys_present(rows.select(list(keys)), keys, safe)
+    return table.group_by(list(keys), use_threads=False).aggregate([]).select(list(keys))
+
+
+def _matching(rows: pa.Table, keys: Sequence[str], values: pa.Table) -> pa.Array:
+    """Per row of ``rows``, whether its ``keys`` equal a row of ``values`` (NULL equal to
+    NULL: ``values`` holds NULLs only where they match)."""
+    hit = np.zeros(rows.num_rows, dtype=bool)
+    hit[_matches(rows, values, keys)["_row"].to_numpy()] = True
+    return pa.array(hit)
+
+
+def _counts(rows: pa.Table, keys: Sequence[str]) -> dict[tuple, int]:
+    """Per value of ``keys`` (NULL a value), the sum of ``rows``' diffs."""
+    summed = rows.group_by(list(keys), use_threads=False).aggregate([(DIFF, "sum")])
+    columns = [summed[k].to_pylist() for k in keys]
+    return dict(zip(zip(*columns, strict=True), summed[f"{DIFF}_sum"].to_pylist(), strict=True))

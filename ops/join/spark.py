@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
-from ivm.plan.join import ArrangementKey, LookupStage, plan_paths, shared_lookups
+from ivm.plan.join import LookupStage, count_stage, key_pairs, plan_paths, shared_lookups
 from ivm.plan.reduce import GLOBAL_KEY, StateTable, state_tables
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
@@ -91,19 +91,6 @@ def _ordered(df: DataFrame, join: Join) -> DataFrame:
     return df.select(*[F.col(f"`{c}`") for c in join.columns], TIME, DIFF)
 
 
-def _key_pairs(join: Join, side: int) -> list[tuple[str, str, bool]]:
-    """``(side's column, other side's column, NULL-safe)`` for each key of a two-input
-    join."""
-    other = 1 - side
-    pairs = []
-    for k, cls in enumerate(join.equivalences):
-        mine = [c for i, c in cls if i == side]
-        theirs = [c for i, c in cls if i == other]
-        if mine and theirs:
-            pairs.append((mine[0], theirs[0], join.class_null_safe(k)))
-    return pairs
-
-
 def _pad(rows: DataFrame, join: Join, side: int, other_schema: DataFrame) -> DataFrame:
     """Unmatched rows of ``side`` with the other input's columns as typed NULLs."""
     types = {f.name: f.dataType for f in other_schema.schema.fields}
@@ -135,7 +122,7 @@ def render_join_snapshot(join: Join | SemiJoin, inputs: Mapping[str, DataFrame])
     for side in join.preserve:
         mine = prepare(join.inputs[side], inputs[join.inputs[side].get.collection])
         other = prepare(join.inputs[1 - side], inputs[join.inputs[1 - side].get.collection])
-        pairs = _key_pairs(join, side)
+        pairs = key_pairs(join, side)
         keys = other.select(*[F.col(f"`{p[1]}`") for p in pairs]).distinct()
         unmatched = mine.join(keys, _condition(mine, keys, pairs), "left_anti")
         out = out.unionByName(_pad(unmatched, join, side, other))
@@ -209,7 +196,7 @@ def render_join_delta(
                     streams[i] = materialize(streams[i])
     parts = [_ordered(stream, join) for stream in streams]
     for side in join.preserve:
-        pairs = _key_pairs(join, side)
+        pairs = key_pairs(join, side)
         mine, other = join.inputs[side], join.inputs[1 - side]
         unmatched = _anti_delta(mine, other, pairs, deltas, lookup, old, new)
         other_schema = prepare(other, deltas[other.get.collection])
@@ -225,14 +212,6 @@ def _stage_keys(stream: DataFrame, stage: LookupStage) -> DataFrame:
             for s, k in zip(stage.stream_keys, stage.arrangement.key, strict=True)
         ]
     )
-
-
-def _stage_for(inp: JoinInput, keys: list[str], null_safe: Sequence[bool] = ()) -> LookupStage:
-    """A lookup of ``inp`` by its columns ``keys`` (match-count bookkeeping)."""
-    cols = tuple(inp.source_column(k) or k for k in keys)
-    arrangement = ArrangementKey(inp.get.collection, inp.get.kind, cols)
-    safe = tuple(null_safe) if any(null_safe) else ()
-    return LookupStage(0, arrangement, tuple(keys), tuple(keys), "new", null_safe=safe)
 
 
 def _anti_delta(
@@ -255,8 +234,8 @@ def _anti_delta(
     mine_keys = [p[0] for p in pairs]
     other_keys = [p[1] for p in pairs]
     safe = [len(p) > 2 and p[2] for p in pairs]
-    other_stage = _stage_for(other_inp, other_keys, safe)
-    mine_stage = _stage_for(mine_inp, mine_keys, safe)
+    other_stage = count_stage(other_inp, other_keys, safe)
+    mine_stage = count_stage(mine_inp, mine_keys, safe)
 
     def other_rows(keys: DataFrame, at: int) -> DataFrame:
         return prepare(other_inp, lookup(other_stage, keys, at).withColumn(TIME, F.lit(new)))

@@ -28,8 +28,8 @@ raises :class:`~ivm.errors.EvaluationError` naming the expression and the output
 What the driver cannot evaluate exactly raises :class:`~ivm.errors.NotOnDriver` before any
 row is written, and the caller renders the plan on Spark: an expression it does not know,
 floating-point arithmetic, comparison or division, text read as a number, TRY_CAST of a
-value that fails, case mapping or slicing of non-ASCII text, outer and semi-joins and the
-stateful nodes :mod:`ops.reduce.driver` leaves to Spark. Inner joins are rendered by
+value that fails, case mapping or slicing of non-ASCII text, and the stateful nodes
+:mod:`ops.reduce.driver` leaves to Spark. Joins (outer and semi too) are rendered by
 :mod:`ops.join.driver`, which the caller hands to :func:`render_local`.
 """
 
@@ -72,6 +72,7 @@ from ivm.plan.ir import (
     Node,
     Project,
     Reduce,
+    SemiJoin,
     TopK,
     UnionAll,
     collections,
@@ -877,7 +878,7 @@ def render_local(
     driver (``join``: how to render a join, :func:`ops.join.driver.join_delta_local`; ``stateful``:
     a GROUP BY or a TopK given its input's updates, :mod:`ops.reduce.driver`). Raises
     :class:`~ivm.errors.NotOnDriver` for what Spark must compute."""
-    if isinstance(node, Join) and join is not None:
+    if isinstance(node, (Join, SemiJoin)) and join is not None:
         return join(node, inputs)
     if isinstance(node, (Reduce, TopK)) and stateful is not None:
         return stateful(node, render_local(spark, node.input, inputs, join, stateful))
