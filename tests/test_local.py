@@ -225,12 +225,13 @@ def test_union_all_widens_numbers_as_spark(spark):
 
 
 def test_spark_xxhash64_is_sparks(spark):
-    """MIN/MAX towers put a value in the bucket Spark's xxhash64 gives it: the driver's hash
-    of every type it climbs equals Spark's, NULL included."""
+    """MIN/MAX and TopK towers put a row in the bucket Spark's xxhash64 gives it: the
+    driver's hash of every type it climbs equals Spark's, NULL included, and of rows of
+    several columns."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from ops.reduce.driver import spark_xxhash64
+    from ops.reduce.driver import spark_row_hash, spark_xxhash64
 
     rng = random.Random(5)
     columns = {
@@ -263,6 +264,16 @@ def test_spark_xxhash64_is_sparks(spark):
             ],
         ),
         "b": (pa.bool_(), T.BooleanType(), [True, False] * 20),
+        "w": (  # past 18 digits: hashed as Java's BigInteger bytes (sign and length edges)
+            pa.decimal128(38, 4),
+            T.DecimalType(38, 4),
+            [
+                *(Decimal(f"{n}e-4") for n in (0, 1, -1, 127, 128, -128, -129, 255, 256)),
+                *(Decimal(f"{rng.randint(-(10**37), 10**37)}e-4") for _ in range(40)),
+                Decimal(f"{10**38 - 1}e-4"),
+                Decimal(f"{-(10**38) + 1}e-4"),
+            ],
+        ),
     }
     for name, (arrow, spark_type, values) in columns.items():
         values = [*values, None]
@@ -270,6 +281,18 @@ def test_spark_xxhash64_is_sparks(spark):
         theirs = spark.createDataFrame(table).select(F.xxhash64(name).alias("h")).toArrow()
         mine = [spark_xxhash64(v, spark_type) for v in values]
         assert mine == theirs.column("h").to_pylist(), name
+    # Several columns (a TopK tower's bucket): each column's hash seeds the next one's.
+    names = list(columns)
+    n = min(len(v) for _, _, v in columns.values())
+    rows = [
+        [columns[c][2][i] if (i + j) % 7 else None for j, c in enumerate(names)] for i in range(n)
+    ]
+    table = pa.table(
+        {c: pa.array([r[j] for r in rows], columns[c][0]) for j, c in enumerate(names)}
+    )
+    theirs = spark.createDataFrame(table).select(F.xxhash64(*names).alias("h")).toArrow()
+    types = [columns[c][1] for c in names]
+    assert [spark_row_hash(r, types) for r in rows] == theirs.column("h").to_pylist()
 
 
 def test_accumulated_results_are_sparks(spark):

@@ -152,6 +152,22 @@ VIEWS = {
         SELECT grp, sum(qty) AS sq FROM items GROUP BY grp
         ORDER BY sq DESC NULLS LAST, grp NULLS FIRST LIMIT 2
     """,
+    # TopK towers over aggregates: an OFFSET and wide decimal sums (their buckets hashed as
+    # Spark hashes them), and a row number per partition
+    "r_top_offset_sums": """
+        -- ivm: expected_group_size = 300
+        CREATE VIEW r_top_offset_sums AS
+        SELECT grp, tag, sum(price) AS sp, count(*) AS n FROM items GROUP BY grp, tag
+        ORDER BY sp DESC NULLS LAST, grp NULLS FIRST, tag NULLS FIRST LIMIT 3 OFFSET 1
+    """,
+    "r_top_per_grp": """
+        CREATE VIEW r_top_per_grp AS
+        SELECT grp, tag, sq, r FROM (
+            SELECT grp, tag, sum(qty) AS sq,
+                   row_number() OVER (PARTITION BY grp ORDER BY sum(qty) DESC NULLS LAST, tag) AS r
+            FROM items GROUP BY grp, tag
+        ) t WHERE r <= 2
+    """,
 }
 
 
@@ -174,13 +190,14 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         assert report.ok, (summary, [v.error for v in report.views])
         # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too, and without GROUP BY)
         # and MIN/MAX, and
-        # buffered TopKs: a small change is the driver's (ops.reduce.driver), unless the
+        # TopKs (buffered, and towers over aggregates): a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
         # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
         grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union", "r_var"}
         grouped |= {"r_global_sums", "r_sparse_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
+        ranked |= {"r_top_sums", "r_top_offset_sums", "r_top_per_grp"}  # towers
         expected = (grouped | ranked if driver else set()) | {"r_over_agg"}
         # With the driver's state rows off, a change reaching no state row at all (nothing
         # to read: r_sparse_global's empty filter) is still the driver's: it changes nothing.

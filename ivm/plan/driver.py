@@ -178,7 +178,9 @@ def _expressions(node: Node) -> list[exp.Expression]:
 def _reduce_support(node: Reduce | TopK) -> str | None:
     if isinstance(node, TopK):
         (branch,) = branches(node)
-        return None if branch.kind == "buffer" else "this TopK is computed by Spark"
+        if branch.kind == "buffer" or branch.levels > 0:
+            return None
+        return "a TopK over an append-only input is computed by Spark"
     if not node.keys and any(b.kind != "accumulable" for b in branches(node)):
         return "MIN/MAX of a global aggregate is computed by Spark"
     for b in branches(node):

@@ -2,10 +2,10 @@
 change merged into the touched groups' buffers in Python, the same step
 :func:`ops.reduce.spark.render_topk` renders on Spark (:func:`ops.reduce.spark._buffered`).
 
-Owns the TopK buffer's arithmetic in Python: the order of rows (:func:`_ranking`, as
-:func:`ops.reduce.spark._order_columns`), a group's first rows (:func:`_first`, as
+Owns the TopK buffer's arithmetic in Python: the order of rows (:func:`ranking`, as
+:func:`ops.reduce.spark._order_columns`), a group's first rows (:func:`first_rows`, as
 :func:`ops.reduce.spark._first_k`), the buffer invariant, and the ranks of the view's rows
-(:func:`_numbered`, as :func:`ops.reduce.spark._numbered_change`). :func:`refresh_on_driver` runs it
+(:func:`numbered`, as :func:`ops.reduce.spark._numbered_change`). :func:`refresh_on_driver` runs it
 within Spark's path (one Spark job, collecting the change; the state read by
 :func:`ops.arrange.lookup_rows` and written as the driver writes a held change), and
 :func:`refresh_rows` for a change the driver already holds (:mod:`ops.reduce.driver`).
@@ -69,7 +69,7 @@ class _Descending:
         return hash(self.value)
 
 
-def _ranking(
+def ranking(
     order: Sequence[tuple[str, bool, bool]], columns: Sequence[str]
 ) -> Callable[[Row], tuple]:
     """A sort key of rows (tuples in ``columns``' order) in the TopK's order: the ORDER BY
@@ -100,7 +100,7 @@ def summed(rows: list[dict], columns: Sequence[str]) -> Counter:
     return Counter({row: n for row, n in out.items() if n})
 
 
-def _first(rows: Counter, rank: Callable[[Row], tuple], kept: int) -> Counter:
+def first_rows(rows: Counter, rank: Callable[[Row], tuple], kept: int) -> Counter:
     """A group's first ``kept`` rows in order, counting multiplicities, the last one's cut to
     fit (``ops.reduce.spark._first_k``)."""
     out: Counter = Counter()
@@ -145,7 +145,7 @@ def refresh_on_driver(
     if updates is None:
         declined(f"TopK {branch.name} refreshed by Spark (a group to refill, or its state)")
         return None, delta
-    return store.spark.createDataFrame(updates, schema=_output_schema(node, delta.schema)), delta
+    return store.spark.createDataFrame(updates, schema=output_schema(node, delta.schema)), delta
 
 
 def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Table | None:
@@ -159,7 +159,7 @@ def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.T
     width = len(keys)
     k = node.limit + node.offset
     kept = k + topk_spare(node)
-    rank = _ranking(node.order, cols)
+    rank = ranking(node.order, cols)
 
     change_rows = held.to_pylist()
     if not node.partition:
@@ -194,7 +194,7 @@ def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.T
         have = sum(merged.get(g, Counter()).values())
         if total and have < k and total > have:
             return None  # a group to refill from the input: Spark's part
-    first_new = {g: _first(rows, rank, kept) for g, rows in merged.items()}
+    first_new = {g: first_rows(rows, rank, kept) for g, rows in merged.items()}
 
     new = store.new
     count_rows = [
@@ -210,8 +210,8 @@ def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.T
         for row, n in buffer_change.items()
         if n
     ]
-    out_schema = _output_schema(node, from_arrow_schema(held.schema))
-    view_rows = _numbered(node, cols, rank, first_old, first_new, new)
+    out_schema = output_schema(node, from_arrow_schema(held.schema))
+    view_rows = numbered(node, cols, rank, first_old, first_new, new)
     updates = pa.Table.from_pylist(view_rows, schema=to_arrow_schema(out_schema))
     store.write_rows(count_table, pa.Table.from_pylist(count_rows, schema=counted.schema))
     store.write_rows(first_table, pa.Table.from_pylist(buffer_rows, schema=buffered.schema))
@@ -222,7 +222,7 @@ def refresh_rows(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.T
     return updates
 
 
-def _output_schema(node: TopK, schema: T.StructType) -> T.StructType:
+def output_schema(node: TopK, schema: T.StructType) -> T.StructType:
     fields = [schema[c] for c in node.input.columns]
     if node.rank is not None:
         fields.append(T.StructField(node.rank, T.IntegerType(), False))
@@ -230,7 +230,7 @@ def _output_schema(node: TopK, schema: T.StructType) -> T.StructType:
     return T.StructType(fields)
 
 
-def _numbered(
+def numbered(
     node: TopK,
     cols: Sequence[str],
     rank: Callable[[Row], tuple],

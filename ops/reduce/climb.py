@@ -1,10 +1,11 @@
-"""The driver's climb of a MIN/MAX tower inside Spark's path, and its renderer: a small
-change carried up the tower (see :mod:`ivm.plan.reduce`) in Python, the same step
+"""The driver's climb of a tower inside Spark's path, and its renderer: a small change carried
+up the tower (see :mod:`ivm.plan.reduce`) in Python, the same step
 :func:`ops.reduce.spark._climb` renders on Spark; and a build's levels above a small level 0.
 
-Owns the tower's arithmetic in Python: a bucket's entry is the MIN/MAX of its children (NULLs
-skipped, as Spark's ``min``/``max``), a level's change is its touched buckets' new entries
-minus their old ones. :func:`climb_on_driver` runs it within Spark's path (one Spark job
+Owns the tower's arithmetic in Python: a bucket's entries come from its children by a
+:data:`Combine` (a MIN/MAX tower's, :func:`minmax_combine`: the MIN/MAX of its children, NULLs
+skipped, as Spark's ``min``/``max``; a TopK's, in :mod:`ops.reduce.driver`: their first rows),
+a level's change is its touched buckets' new entries minus their old ones. :func:`climb_on_driver` runs it within Spark's path (one Spark job
 collects level 0's change, its buckets hashed by Spark; every level is computed from
 :func:`ops.arrange.lookup_rows` reads before any is written), :func:`climb_rows` for a level-0
 change the driver already holds (:mod:`ops.reduce.driver`), and :func:`built_levels` a build's
@@ -19,14 +20,15 @@ buckets too large to read.
 Contract in ``(data, time, diff)`` terms: as :func:`ops.reduce.spark._climb`: given level 0's change
 ``Δ`` at ``new`` (``(keys..., value, _diff)``) and levels holding the tower up to ``old``, each
 level ``l`` gets at ``new`` the change of its touched buckets' entries ``(keys..., _p, _b,
-values..., _diff)``: ``+1`` for each bucket's new MIN/MAX of its children, ``-1`` for its old
-one, consolidated; a level whose change is empty ends the climb.
+values..., _diff)``: each bucket's new entries (its children's MIN/MAX, or first rows with
+their multiplicities) minus its old ones, consolidated; a level whose change is empty ends the
+climb.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -37,7 +39,7 @@ from ivm.plan.reduce import FANOUT_BITS, Branch
 from ivm.policy import current
 from ops import DIFF, TIME
 from ops.declines import declined
-from ops.reduce.buffer import summed
+from ops.reduce.buffer import Row, summed
 from ops.sink import exact_types
 
 
@@ -71,30 +73,55 @@ def climb_on_driver(
         return False
     if not summed(held.to_pylist(), [*keys, "_p", "_b", arg]):
         return False  # nothing to climb: Spark records the empty epoch
-    return climb_rows(store, branch, keys, arg, funcs, held)
+    values = [f"_{f}" for f in funcs]
+    climbed = climb_rows(store, branch, keys, [arg], values, minmax_combine(funcs), held)
+    return climbed is not None
+
+
+Combine = Callable[[list[Row], Sequence[int], int], Counter]
+"""``(children, multiplicities, level) -> entries``: a bucket's entries at ``level`` from its
+children's rows (``(keys..., _p, _b, values...)``, each present) and their multiplicities, as
+``Counter({values: multiplicity})``."""
+
+
+def minmax_combine(funcs: Sequence[str]) -> Combine:
+    """A MIN/MAX tower's entry: per function, the extreme of the children's values (level 1:
+    the one value column of level 0), NULLs skipped; one entry."""
+
+    def combine(children: list[Row], counts: Sequence[int], level: int) -> Counter:
+        first = len(children[0]) - (1 if level == 1 else len(funcs))
+        found = tuple(
+            _extreme(f, [r[first if level == 1 else first + i] for r in children])
+            for i, f in enumerate(funcs)
+        )
+        return Counter({found: 1})
+
+    return combine
 
 
 def climb_rows(
     store: Any,
     branch: Branch,
     keys: Sequence[str],
-    arg: str,
-    funcs: Sequence[str],
+    leaf_values: Sequence[str],
+    values: Sequence[str],
+    combine: Combine,
     held: pa.Table,
-) -> bool:
-    """:func:`climb_on_driver` of a level-0 change the driver holds (``(keys..., arg,
-    _diff, _b, _p)``, buckets set as Spark sets them); an empty change writes level 0's
-    epoch only, as Spark's climb does. False (nothing written) when a level's lookups are
-    Spark's to read."""
+) -> list[Counter] | None:
+    """:func:`climb_on_driver` of a level-0 change the driver holds (``(keys...,
+    leaf_values..., _diff, _b, _p)``, buckets set as Spark sets them), each bucket's entry at
+    a level above given by ``combine(children, multiplicities, level)`` (``Counter({values:
+    multiplicity})``); an empty change writes level 0's epoch only, as Spark's climb does.
+    Returns each level's change reached, from level 0 (``(keys..., _p, _b, values...) ->
+    diff``); None (nothing written) when a level's lookups are Spark's to read."""
     keys = list(keys)
-    values = [f"_{f}" for f in funcs]
-    leaf_cols = [*keys, "_p", "_b", arg]
+    leaf_cols = [*keys, "_p", "_b", *leaf_values]
     level_cols = [*keys, "_p", "_b", *values]
     delta = summed(held.to_pylist(), leaf_cols)
     if not delta:
         empty = held.select(leaf_cols).schema.append(pa.field(TIME, pa.int64()))
         store.write_rows(branch.tables[0], empty.append(pa.field(DIFF, pa.int64())).empty_table())
-        return True
+        return [delta]
     width = len(keys)
     changes: list[Counter] = [delta]
     schemas: list[pa.Schema] = []
@@ -105,7 +132,7 @@ def climb_rows(
         probe = pa.table({c: [p[i] for p in parents] for i, c in enumerate([*keys, "_p"])})
         below = store.read_rows(branch.tables[level - 1], [*keys, "_p"], probe, store.old)
         if below is None:
-            return False
+            return None
         children = summed(below.to_pylist(), leaf_cols if level == 1 else level_cols)
         children.update(delta)  # the level below at ``new``: at ``old`` plus its change
         entries: dict[tuple, list[tuple]] = {}
@@ -114,16 +141,13 @@ def climb_rows(
                 entries.setdefault(row[: width + 1], []).append(row)
         fresh: Counter = Counter()
         for parent, rows in entries.items():
-            if level == 1:
-                found = [_extreme(f, [r[width + 2] for r in rows]) for f in funcs]
-            else:
-                found = [_extreme(f, [r[width + 2 + i] for r in rows]) for i, f in enumerate(funcs)]
             b = parent[width]
-            fresh[(*parent[:width], b >> FANOUT_BITS, b, *found)] += 1
+            for found, n in combine(rows, [children[r] for r in rows], level).items():
+                fresh[(*parent[:width], b >> FANOUT_BITS, b, *found)] += n
         probe = probe.rename_columns([*keys, "_b"])
         now = store.read_rows(branch.tables[level], [*keys, "_b"], probe, store.old)
         if now is None:
-            return False
+            return None
         change = Counter(fresh)
         change.subtract(summed(now.to_pylist(), level_cols))
         delta = Counter({row: n for row, n in change.items() if n})
@@ -141,7 +165,7 @@ def climb_rows(
         f"{branch.name}: tower climbed by the driver ({len(changes) - 1} level(s) reached, "
         f"{len(changes[0])} change rows)"
     )
-    return True
+    return changes
 
 
 def built_levels(

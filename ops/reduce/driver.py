@@ -1,12 +1,14 @@
 """The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
 (:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers) and a
-buffered TopK (:func:`topk_local`, :func:`ops.reduce.buffer.refresh_rows`), rendering the same plan
+TopK (:func:`topk_local`: buffered, :func:`ops.reduce.buffer.refresh_rows`, or kept by a tower
+over an aggregate), rendering the same plan
 (:mod:`ivm.plan.reduce`) as :mod:`ops.reduce.spark` renders on Spark, state read and written by the
 driver.
 
 Owns the Arrow rendering of an accumulable branch (:class:`_Accumulable`: contributions summed
 per group by Arrow, exact floating-point terms) and of a tower's level 0 (buckets by Spark's
-``xxhash64``, :func:`spark_xxhash64`, the ``xxhash`` library's XXH64). The arithmetic it shares
+``xxhash64`` of a value or of a row, :func:`spark_xxhash64` and :func:`spark_row_hash`, the
+``xxhash`` library's XXH64). The arithmetic it shares
 with Spark's path (the state columns, exact sums of state rows, decimal rounding, AVG's
 division, NULL rules, result types, a DISTINCT's counts crossing zero) is
 :mod:`ops.reduce.accumulable`'s.
@@ -23,7 +25,8 @@ consolidated, with Spark's values and types.
 a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX without GROUP BY, a
 monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
-not read, a value past its type; for a TopK, a tower or a group to refill from its input.
+not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
+from its input.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from ivm.errors import InvariantViolation, NotOnDriver
 from ivm.plan.driver import node_support
@@ -50,8 +53,8 @@ from ivm.policy import current
 from ops import DIFF, TIME
 from ops.reduce import accumulable, buffer, floatsum
 from ops.reduce.accumulable import Group
-from ops.reduce.buffer import summed
-from ops.reduce.climb import climb_rows
+from ops.reduce.buffer import Row, summed
+from ops.reduce.climb import climb_rows, minmax_combine
 from ops.sink import exact_types
 from ops.stateless.driver import arrow_type, decimal_shape
 
@@ -73,34 +76,55 @@ _SEED = 42
 
 def _hashed_bytes(t: T.DataType) -> str | None:
     """How Spark's ``xxhash64`` lays out a value of type ``t``: a ``struct`` format, ``"utf-8"``
-    for a string, or None for a type this module does not hash (Spark's part)."""
+    for a string, ``"unscaled"`` for a decimal of more than 18 digits, or None for a type this
+    module does not hash (Spark's part)."""
     if isinstance(t, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.DateType)):
         return "<i"
     if isinstance(t, T.LongType) or (isinstance(t, T.DecimalType) and t.precision <= 18):
         return "<q"
+    if isinstance(t, T.DecimalType):
+        return "unscaled"
     return "utf-8" if isinstance(t, T.StringType) else None
 
 
-def spark_xxhash64(value: Any, t: T.DataType) -> int:
+def spark_xxhash64(value: Any, t: T.DataType, seed: int = _SEED) -> int:
     """Spark's ``xxhash64(value)`` of one value of type ``t``, as a signed long: XXH64 with
-    seed 42 over the value's little-endian bytes as Spark lays them out (an int or a date as 4
+    ``seed`` over the value's little-endian bytes as Spark lays them out (an int or a date as 4
     bytes, a long or a decimal of up to 18 digits' unscaled value as 8, a string's UTF-8
-    bytes); NULL hashes to the seed. Other types raise NotOnDriver."""
+    bytes, a wider decimal's unscaled value as Java's ``BigInteger.toByteArray``: big-endian
+    two's complement, shortest); NULL hashes to the seed. Of several columns, each column's
+    hash seeds the next's (:func:`spark_row_hash`). Other types raise NotOnDriver."""
     layout = _hashed_bytes(t)
     if layout is None:
-        raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
+        raise NotOnDriver(f"a {t.simpleString()} column: Spark hashes its buckets")
     if value is None:
-        return _SEED
+        return seed
     if layout == "utf-8":
         data = value.encode("utf-8")
     elif isinstance(t, T.DateType):
         data = struct.pack(layout, (value - _EPOCH).days)
+    elif layout == "unscaled":
+        unscaled = int(value.scaleb(t.scale, context=accumulable.EXACT))
+        bits = unscaled.bit_length() if unscaled >= 0 else (~unscaled).bit_length()
+        data = unscaled.to_bytes(bits // 8 + 1, "big", signed=True)
     elif isinstance(t, T.DecimalType):
         data = struct.pack(layout, int(value.scaleb(t.scale, context=accumulable.EXACT)))
     else:
         data = struct.pack(layout, int(value))
-    h = xxhash.xxh64_intdigest(data, seed=_SEED)
+    h = xxhash.xxh64_intdigest(data, seed=seed & _UNSIGNED)
     return h - (1 << 64) if h >> 63 else h
+
+
+_UNSIGNED = (1 << 64) - 1
+
+
+def spark_row_hash(values: Sequence[Any], types: Sequence[T.DataType]) -> int:
+    """Spark's ``xxhash64(c1, c2, ...)`` of one row's values: each column hashed with the
+    previous one's hash as its seed, the first with 42."""
+    h = _SEED
+    for value, t in zip(values, types, strict=True):
+        h = spark_xxhash64(value, t, h)
+    return h
 
 
 class _Accumulable:
@@ -452,7 +476,7 @@ def _tower(
     leaf = level0.append_column("_b", buckets).append_column(
         "_p", pc.shift_right(buckets, FANOUT_BITS)
     )
-    if not climb_rows(store, branch, keys, arg, funcs, leaf):
+    if climb_rows(store, branch, keys, [arg], values, minmax_combine(funcs), leaf) is None:
         raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
     top_probe = probe.append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
     top = store.read_rows(branch.tables[-1], [*keys, "_b"], top_probe, store.new)
@@ -472,10 +496,11 @@ def _tower(
 
 
 def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
-    """A buffered TopK's change computed by the driver (:func:`ops.reduce.buffer.refresh_rows`)
-    from its input's updates ``delta`` (``(columns..., _time, _diff)``): ``(columns...,
-    [rank], _time, _diff)``. NotOnDriver for a tower or monotonic TopK, floating-point
-    columns, a group to refill from the input, or state the driver does not read."""
+    """A TopK's change computed by the driver from its input's updates ``delta``
+    (``(columns..., _time, _diff)``): ``(columns..., [rank], _time, _diff)``; buffered
+    (:func:`ops.reduce.buffer.refresh_rows`) or by its tower (:func:`_topk_tower`).
+    NotOnDriver for a monotonic TopK, floating-point columns, a group to refill from the
+    input, or state the driver does not read."""
     why = node_support(node)
     if why is not None:
         raise InvariantViolation(f"{node.label} was placed on the driver, but {why}")
@@ -488,10 +513,93 @@ def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
     held = held.filter(pc.not_equal(held.column(DIFF), 0))
     if not exact_types(from_arrow_schema(held.schema)):
         raise NotOnDriver("a TopK over floating point is Spark's")
+    if branch.kind != "buffer":
+        return _topk_tower(node, branch, held, store)
     updates = buffer.refresh_rows(node, branch, held, store)
     if updates is None:
         raise NotOnDriver("a TopK group to refill from its input")
     return updates
+
+
+def _topk_tower(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Table:
+    """A TopK kept by a tower (over an input with state of its own, an aggregate): the
+    change's rows put in the buckets Spark's ``xxhash64`` of their non-key columns gives
+    them, carried up the tower (:func:`ops.reduce.climb.climb_rows`, each bucket's first
+    ``limit + offset`` rows as :func:`ops.reduce.buffer.first_rows` ranks them), the top
+    level's change being the TopK's; numbered from the touched groups' top rows at old and
+    new when it has a rank or an offset."""
+    keys = list(node.partition)
+    data = list(node.input.columns)
+    rest = [c for c in data if c not in keys]
+    types = {f.name: f.dataType for f in from_arrow_schema(held.schema)}
+    rank = buffer.ranking(node.order, data)
+    k = node.limit + node.offset
+    summed_rows = held.group_by([*keys, *rest], use_threads=False).aggregate([(DIFF, "sum")])
+    summed_rows = summed_rows.rename_columns([*keys, *rest, DIFF])
+    summed_rows = summed_rows.filter(pc.not_equal(summed_rows.column(DIFF), 0))
+    modulus = 1 << (FANOUT_BITS * branch.levels)
+    rest_types = [types[c] for c in rest]
+    buckets = (
+        pa.array(
+            [
+                spark_row_hash(row, rest_types) % modulus
+                for row in zip(*(summed_rows.column(c).to_pylist() for c in rest), strict=True)
+            ],
+            pa.int64(),
+        )
+        if rest
+        else pa.array([0] * summed_rows.num_rows, pa.int64())
+    )
+    leaf = summed_rows.append_column("_b", buckets).append_column(
+        "_p", pc.shift_right(buckets, FANOUT_BITS)
+    )
+    width = len(keys)
+    position = {c: i for i, c in enumerate([*keys, "_p", "_b", *rest])}
+    picks = [position[c] for c in data]
+    back = [data.index(c) for c in rest]
+
+    def first(children: list[Row], counts: Sequence[int], level: int) -> Counter:
+        rows = Counter()
+        for row, n in zip(children, counts, strict=True):
+            rows[tuple(row[i] for i in picks)] += n
+        kept = buffer.first_rows(rows, rank, k)
+        return Counter({tuple(r[i] for i in back): n for r, n in kept.items()})
+
+    changes = climb_rows(store, branch, keys, rest, rest, first, leaf)
+    if changes is None:
+        raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
+    top = changes[-1] if len(changes) == branch.levels + 1 else Counter()
+    out_schema = to_arrow_schema(buffer.output_schema(node, from_arrow_schema(held.schema)))
+    if not top:
+        return out_schema.empty_table()
+    if node.rank is None and node.offset == 0:
+        rows = [
+            {**{c: row[position[c]] for c in data}, TIME: store.new, DIFF: n}
+            for row, n in top.items()
+        ]
+        return pa.Table.from_pylist(rows, schema=out_schema)
+    groups = list({row[:width] for row in top})
+    probe = pa.table(
+        {
+            **{
+                c: pa.array([g[i] for g in groups], held.schema.field(c).type)
+                for i, c in enumerate(keys)
+            },
+            "_b": pa.array([0] * len(groups), pa.int64()),
+        }
+    )
+    entries = store.read_rows(branch.tables[-1], [*keys, "_b"], probe, store.new)
+    if entries is None:
+        raise NotOnDriver(f"{branch.name}: the tower's top is Spark's to read")
+    states = []
+    for at in (store.old, store.new):
+        held_rows = summed([e for e in entries.to_pylist() if e[TIME] <= at], data)
+        per_group: dict[Row, Counter] = {}
+        for row, n in held_rows.items():
+            per_group.setdefault(tuple(row[data.index(c)] for c in keys), Counter())[row] = n
+        states.append(per_group)
+    rows = buffer.numbered(node, data, rank, states[0], states[1], store.new)
+    return pa.Table.from_pylist(rows, schema=out_schema)
 
 
 def stateful_local(node: Reduce | TopK, delta: pa.Table, store: Any) -> pa.Table:
