@@ -29,7 +29,7 @@ from engine.state import ViewState
 from ivm import policy
 from ivm.errors import EvaluationError, NotOnDriver
 from ivm.plan.driver import driver_support
-from ivm.plan.ir import Join
+from ivm.plan.ir import Join, SemiJoin, collections
 from ivm.plan.planner import ViewPlan
 from ivm.sql.lower import referenced_tables
 from ivm.sql.parse import parse_view
@@ -130,7 +130,7 @@ class Compute:
             )
             if small and plan.has_state and policy.current().driver:
                 delta_join = self._join_handed_to_spark(
-                    plan, done, target, stats, unchanged, delta_join, by_driver
+                    plan, done, target, stats, unchanged, delta_join, by_driver, store
                 )
         stateful = partial(render_stateful, store=store)
         updates = render(plan.root, inputs, delta_join, stateful)
@@ -181,11 +181,11 @@ class Compute:
         small)."""
         self._refresh_arrangements(plan)
         stats = stats if stats is not None else {}
-        join = self._driver_join(done, target, stats, unchanged)
-        stateful = None
+        stateful, store = None, None
         if plan.has_state:
             store = self._state(plan, done, target, stats, small=True)
             stateful = partial(stateful_local, store=store)
+        join = self._driver_join(done, target, stats, unchanged, store)
         spark = self.session.spark
         try:
             with types_recorded(spark, self.catalog.layout.root):
@@ -226,11 +226,11 @@ class Compute:
         self.declined(view, f"computed by Spark, which decides whether it fails ({found})")
 
     def _driver_join(
-        self, done: int, target: int, stats: dict, unchanged: frozenset[str]
+        self, done: int, target: int, stats: dict, unchanged: frozenset[str], store: Any
     ) -> Callable[[Any, Mapping[str, pa.Table]], pa.Table]:
-        """How the driver renders an inner join's updates in ``(done, target]`` from its
-        inputs' Arrow updates (:func:`ops.join.driver.join_delta_local`), its lookups read by the
-        driver; raises NotOnDriver when it cannot."""
+        """How the driver renders a join's updates in ``(done, target]`` from its inputs'
+        Arrow updates (:func:`ops.join.driver.join_delta_local`), its lookups read by the
+        driver, a NOT IN's state in ``store``; raises NotOnDriver when it cannot."""
 
         def lookup(stage, keys: pa.Table, as_of: int, columns) -> pa.Table:
             rows = self.arrangements.lookup_arrow(stage, keys, as_of, columns=columns, stats=stats)
@@ -245,6 +245,7 @@ class Compute:
             old=done,
             new=target,
             unchanged=unchanged,
+            store=store,
         )
 
     def _join_handed_to_spark(
@@ -256,19 +257,20 @@ class Compute:
         unchanged: frozenset[str],
         by_spark: Callable,
         by_driver: list[str] | None = None,
+        store: Any = None,
     ) -> Callable:
         """A join renderer for Spark's plan (:func:`ops.stateless.spark.render`) of a small change:
-        an inner join's updates computed by the driver (:meth:`_driver_join`) and handed to
+        a join's updates computed by the driver (:meth:`_driver_join`) and handed to
         Spark as a local relation, for the reduction above it (each one marked in
         ``by_driver``); ``by_spark`` renders the joins the driver cannot."""
-        local = self._driver_join(done, target, stats, unchanged)
+        local = self._driver_join(done, target, stats, unchanged, store)
         spark = self.session.spark
 
-        def render_join(node: Join, deltas: Any) -> DataFrame:
+        def render_join(node: Join | SemiJoin, deltas: Any) -> DataFrame:
             if driver_support(node) is None:
                 try:
                     with types_recorded(spark, self.catalog.layout.root):
-                        colls = {inp.get.collection for inp in node.inputs}
+                        colls = {get.collection for get in collections(node)}
                         inputs = {
                             c: self.inputs.arrow(
                                 c, done, target, self.catalog.input_columns(plan, c)

@@ -51,7 +51,7 @@ from ops import DIFF, TIME
 from ops.consolidate import consolidate
 from ops.declines import declined
 from ops.ingest import file_rows_declined, read_file_rows, read_files
-from ops.rows import SortedKey, cast_loss, semi_join_null_safe
+from ops.rows import SortedKey, cast_loss, in_range, semi_join_null_safe
 from ops.sink import append_updates, commit_staged, exact_types, spark_order
 from resources.faults import crash_point
 from resources.filecache import FILES
@@ -763,6 +763,9 @@ def lookup_arrow(
     st = LookupStats(lookups=1, files_total=len(files))
     st.rows_total = sum(f.file.num_records or 0 for f in files)
     why = cast_loss(keys.schema, schema_of(types, key))
+    if why is not None:  # integers past the key's type match nothing: the others fit it
+        keys = in_range(keys, schema_of(types, key))
+        why = cast_loss(keys.schema, schema_of(types, key))
     if why is not None:  # Spark compares keys of two types in a wider one
         declined(f"a lookup in {uri.rsplit('/', 1)[-1]} read by Spark (key {why})")
         return None

@@ -275,6 +275,29 @@ def lossless(source: pa.DataType, target: pa.DataType) -> bool:
     return _nested_lossless(source, target)
 
 
+def in_range(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """``table`` without the rows whose integer in a column of ``target`` (matched by name)
+    lies past that column's narrower integer type, those columns cast to it: a key that
+    cannot be stored there matches no stored key. NULLs are kept."""
+    for field in target:
+        source = table.schema.field(field.name).type
+        if not (pa.types.is_integer(source) and pa.types.is_integer(field.type)):
+            continue
+        if _integer_fits(source, field.type):
+            continue
+        info, own = (np.iinfo(t.to_pandas_dtype()) for t in (field.type, source))
+        column = table.column(field.name)
+        inside = pa.array([True] * table.num_rows)
+        if info.min > own.min:
+            inside = pc.and_(inside, pc.greater_equal(column, pa.scalar(int(info.min), source)))
+        if info.max < own.max:
+            inside = pc.and_(inside, pc.less_equal(column, pa.scalar(int(info.max), source)))
+        table = table.filter(pc.fill_null(inside, True))
+        index = table.schema.get_field_index(field.name)
+        table = table.set_column(index, field.name, table.column(field.name).cast(field.type))
+    return table
+
+
 def _integer_fits(source: pa.DataType, target: pa.DataType) -> bool:
     signed = pa.types.is_signed_integer(source)
     if pa.types.is_integer(target):

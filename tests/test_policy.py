@@ -62,7 +62,7 @@ def test_placement_is_decided_from_the_change_and_the_plan() -> None:
         ("SELECT substr(grp, v) AS s FROM src", "substr with a computed start"),
         ("SELECT substr(grp, -2) AS s FROM src", "substr from the end"),
         ("SELECT sqrt(v) AS r FROM src", "Sqrt is computed by Spark"),
-        ("SELECT max(v) AS s FROM src", "MIN/MAX of a global aggregate is computed by Spark"),
+        ("SELECT k, lag(v) OVER (ORDER BY k) AS p FROM src", "window functions"),
         ("SELECT grp, string_agg(grp, ',') AS s FROM src GROUP BY grp", "basic aggregates"),
         ("SELECT a.k FROM src a JOIN src b ON a.k = b.v WHERE sqrt(b.v) > 1", "Sqrt"),
     ],

@@ -188,14 +188,14 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
-        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too, and without GROUP BY)
-        # and MIN/MAX, and
+        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, with or
+        # without GROUP BY, and
         # TopKs (buffered, and towers over aggregates): a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
         # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
         grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union", "r_var"}
-        grouped |= {"r_global_sums", "r_sparse_global"}
+        grouped |= {"r_global_sums", "r_sparse_global", "r_global", "r_empty_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         ranked |= {"r_top_sums", "r_top_offset_sums", "r_top_per_grp"}  # towers
         expected = (grouped | ranked if driver else set()) | {"r_over_agg"}

@@ -131,3 +131,34 @@ def test_keys_out_of_order_or_of_floats_have_no_index() -> None:
     assert of(a=[1, 1, 2], b=["x", "a", "a"]) is None  # the second column, within equal firsts
     assert of(a=[1, 1, 2], b=["x", None, "a"]) is None
     assert of(a=[None, None, 1, 1, 2], b=[None, "a", None, "b", "a"]) is not None
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        (pa.int64(), pa.int32()),
+        (pa.int64(), pa.int8()),
+        (pa.uint64(), pa.int32()),
+        (pa.int32(), pa.uint16()),
+    ],
+)
+def test_keys_past_a_narrower_integer_are_dropped_and_the_rest_cast(source, target) -> None:
+    """A lookup's keys of a wider integer type than the arrangement's: those that cannot be
+    stored there are dropped (they match nothing), the others cast exactly, NULLs kept."""
+    import numpy as np
+
+    lo, hi = (
+        int(x)
+        for x in (np.iinfo(target.to_pandas_dtype()).min, np.iinfo(target.to_pandas_dtype()).max)
+    )
+    mine = np.iinfo(source.to_pandas_dtype())
+    values = [
+        v for v in (lo - 1, lo, 0, 7, hi, hi + 1, None) if v is None or mine.min <= v <= mine.max
+    ]
+    table = pa.table({"k": pa.array(values, source), "n": list(range(len(values)))})
+    kept = rows.in_range(table, pa.schema([("k", target)]))
+    assert kept.schema.field("k").type == target
+    assert kept.column("k").to_pylist() == [v for v in values if v is None or lo <= v <= hi]
+    assert kept.column("n").to_pylist() == [
+        i for i, v in enumerate(values) if v is None or lo <= v <= hi
+    ]

@@ -181,8 +181,6 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
         if branch.kind == "buffer" or branch.levels > 0:
             return None
         return "a TopK over an append-only input is computed by Spark"
-    if not node.keys and any(b.kind != "accumulable" for b in branches(node)):
-        return "MIN/MAX of a global aggregate is computed by Spark"
     for b in branches(node):
         if b.kind == "hierarchical" and b.levels == 0:
             return "MIN/MAX of an append-only input is computed by Spark"
@@ -195,8 +193,6 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
 
 def node_support(node: Node) -> str | None:
     """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
-    if isinstance(node, SemiJoin) and node.null_aware:
-        return "NOT IN (its state) is computed by Spark"
     if isinstance(node, Window):
         return "window functions are computed by Spark"
     if isinstance(node, Constant):  # no update after the build, which Spark computes
@@ -210,7 +206,7 @@ def node_support(node: Node) -> str | None:
 
 def driver_support(node: Node) -> str | None:
     """Why the driver's renderers cannot compute ``node``'s updates, or None: they render
-    Get, Filter, Project, UnionAll, joins (outer, semi and anti too; not NOT IN), GROUP BY with COUNT/SUM/AVG/variance/BOOL
+    Get, Filter, Project, UnionAll, joins (outer, semi, anti and NOT IN too), GROUP BY with COUNT/SUM/AVG/variance/BOOL
     and MIN/MAX, and buffered TopK, over the expressions of :data:`VALUES`. A None may still
     meet a decline that depends on types or rows (the module's docstring)."""
     why = node_support(node)

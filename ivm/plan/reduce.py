@@ -438,3 +438,15 @@ def mark_monotonic(node: Node, append_only: Collection[str]) -> Node:
     if isinstance(node, UnionAll):
         return UnionAll(tuple(mark_monotonic(b, append_only) for b in node.branches))
     return replace(node, input=mark_monotonic(node.input, append_only))
+
+
+def not_in_table(join: SemiJoin) -> StateTable:
+    """The state of ``x NOT IN (subquery)``: the subquery's row and NULL-key counts."""
+    return next(t for t in state_tables(join) if t.name == f"{join.label}.not_in")
+
+
+def not_in_mode(rows: int, nulls: int) -> str:
+    """What ``x NOT IN (subquery)`` keeps when the subquery has ``rows`` rows, ``nulls`` of
+    them NULL: ``"all"`` rows (no subquery row), ``"none"`` (a NULL among them), else
+    ``"anti"``: the rows whose non-NULL ``x`` matches none."""
+    return "all" if rows == 0 else ("none" if nulls > 0 else "anti")

@@ -6,8 +6,9 @@ and time, each input's own filter and map and the residual predicates evaluated 
 :mod:`ops.stateless.driver`; keys compared by ``<=>`` match NULL with NULL. Outer joins add
 each preserved input's unmatched rows, padded with NULLs, and semi/anti joins keep an input's
 rows with (without) a match: both by the match counts of :mod:`ops.join.spark`, read from the
-same arrangements at the old and new times (:func:`_anti_delta_local`). ``NOT IN`` (its state)
-and what Arrow's joins refuse raise :class:`~ivm.errors.NotOnDriver` and are Spark's.
+same arrangements at the old and new times (:func:`_anti_delta_local`); ``NOT IN`` by its
+state's row and NULL counts while its mode holds (:func:`_not_in_local`). A change of that
+mode, and what Arrow's joins refuse, raise :class:`~ivm.errors.NotOnDriver`: Spark's.
 
 Contract in ``(data, time, diff)`` terms, :func:`ops.join.spark.render_join_delta`'s: given
 each changed input's updates and the other inputs' arrangements at the times the paths read,
@@ -19,6 +20,7 @@ Spark's ANSI mode does).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +30,7 @@ from pyspark.sql import types as T
 from ivm.errors import NotOnDriver
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import KeyPair, LookupStage, count_stage, key_pairs, plan_paths, shared_lookups
+from ivm.plan.reduce import GLOBAL_KEY, not_in_mode, not_in_table
 from ops import DIFF, TIME
 from ops.rows import null_safe_matches
 from ops.stateless.driver import filtered, integral_result, projected
@@ -178,11 +181,15 @@ def join_delta_local(
     old: int,
     new: int,
     unchanged: Collection[str] = (),
+    store: Any = None,
 ) -> pa.Table:
     """:func:`ops.join.spark.render_join_delta` computed by the driver: the same delta paths
     advanced together, stages reading one arrangement at one time sharing one lookup, diffs
     multiplied, every update at ``new``; an outer join's unmatched rows and a semi-join's by
-    match counts (:func:`_anti_delta_local`). ``NOT IN`` is Spark's."""
+    match counts (:func:`_anti_delta_local`); ``NOT IN`` with its state in ``store`` (the
+    view's :class:`ops.reduce.spark.StateStore`, :func:`_not_in_local`)."""
+    if isinstance(join, SemiJoin) and join.null_aware:
+        return _not_in_local(spark, join, deltas, lookup, store)
     if isinstance(join, SemiJoin):
         return _semi_delta_local(spark, join, deltas, lookup, old, new)
     paths = [p for p in plan_paths(join) if join.inputs[p.source].get.collection not in unchanged]
@@ -237,8 +244,6 @@ def _semi_delta_local(
 ) -> pa.Table:
     """A semi-join's (anti-join's) change: ``Δanti`` by match counts, and
     ``Δsemi = ΔA - Δanti`` since ``semi(A, B) = A - anti(A, B)``."""
-    if join.null_aware:
-        raise NotOnDriver("NOT IN keeps state: computed by Spark")
     pairs = [(a, b, False) for a, b in join.keys]
     anti = _anti_delta_local(spark, join.input, join.other, pairs, deltas, lookup, old, new)
     if join.anti:
@@ -246,6 +251,44 @@ def _semi_delta_local(
     changes = _at(prepare_local(spark, join.input, deltas[join.input.get.collection]), new)
     retracted = anti.set_column(anti.column_names.index(DIFF), DIFF, pc.negate(anti[DIFF]))
     return pa.concat_tables([changes.select(anti.column_names), retracted])
+
+
+def _not_in_local(
+    spark, join: SemiJoin, deltas: Mapping[str, pa.Table], lookup: LookupArrow, store: Any
+) -> pa.Table:
+    """:func:`ops.join.spark.render_not_in` by the driver while its mode holds: with the
+    subquery's row and NULL counts (state, read at ``old`` and appended at ``new``), every
+    changed row of the input while the subquery has no row, none while it holds a NULL, else
+    the anti-join's change on a non-NULL ``x``. A change of mode recomputes the result from
+    the inputs' snapshots: NotOnDriver before anything is written, and Spark does it."""
+    if store is None or store.read_rows is None or store.write_rows is None or store.old <= 0:
+        raise NotOnDriver("NOT IN's state is not the driver's to read")
+    old, new = store.old, store.new
+    ((mine, theirs),) = join.keys
+    other = prepare_local(spark, join.other, deltas[join.other.get.collection])
+    table = not_in_table(join)
+    probe = pa.table({GLOBAL_KEY: pa.array([0], pa.int32())})
+    state = store.read_rows(table, [GLOBAL_KEY], probe, old)
+    if state is None:
+        raise NotOnDriver("NOT IN's state is Spark's to read")
+    held = state.filter(pc.less_equal(state[TIME], old))
+    rows, nulls = (sum(held[c].to_pylist()) for c in ("_rows", "_nulls"))
+    diffs = other[DIFF].to_pylist()
+    more = sum(diffs)
+    more_nulls = sum(n for n, v in zip(diffs, other[theirs].to_pylist(), strict=True) if v is None)
+    before, after = not_in_mode(rows, nulls), not_in_mode(rows + more, nulls + more_nulls)
+    if before != after:
+        raise NotOnDriver(f"NOT IN turns from {before!r} to {after!r}: recomputed by Spark")
+    changes = _at(prepare_local(spark, join.input, deltas[join.input.get.collection]), new)
+    if after == "anti":
+        pairs = [(mine, theirs, False)]
+        out = _anti_delta_local(spark, join.input, join.other, pairs, deltas, lookup, old, new)
+        out = out.filter(pc.is_valid(out[mine]))
+    else:
+        out = changes if after == "all" else changes.slice(0, 0)
+    counts = {GLOBAL_KEY: [0], "_rows": [more], "_nulls": [more_nulls], TIME: [new]}
+    store.write_rows(table, pa.table(counts).select(state.schema.names).cast(state.schema))
+    return out.select(changes.column_names)
 
 
 def _anti_delta_local(

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 from ivm.errors import InvariantViolation
 from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import LookupStage, count_stage, key_pairs, plan_paths, shared_lookups
-from ivm.plan.reduce import GLOBAL_KEY, StateTable, state_tables
+from ivm.plan.reduce import GLOBAL_KEY, not_in_mode, not_in_table
 from ops import DIFF, TIME
 from ops.expressions import spark_sql
 from ops.reduce.spark import StateStore, join_null_safe, materialize
@@ -287,11 +287,6 @@ def _anti_delta(
     return part1.unionByName(part2).withColumn(TIME, F.lit(new).cast("bigint"))
 
 
-def not_in_table(join: SemiJoin) -> StateTable:
-    """The state of ``x NOT IN (subquery)``: the subquery's row and NULL-key counts."""
-    return next(t for t in state_tables(join) if t.name == f"{join.label}.not_in")
-
-
 def render_not_in(
     join: SemiJoin,
     deltas: Mapping[str, DataFrame],
@@ -330,8 +325,7 @@ def render_not_in(
         if at <= 0:
             return None
         rows = sum(r["_rows"] for r in state if r[TIME] <= at)
-        nulls = sum(r["_nulls"] for r in state if r[TIME] <= at)
-        return "all" if rows == 0 else ("none" if nulls > 0 else "anti")
+        return not_in_mode(rows, sum(r["_nulls"] for r in state if r[TIME] <= at))
 
     def stamped(df: DataFrame, sign: int = 1) -> DataFrame:
         cols = [F.col(f"`{c}`") for c in join.input.columns]

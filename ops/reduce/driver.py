@@ -22,7 +22,7 @@ level's change, :func:`ops.reduce.climb.climb_rows`), and the result is the redu
 consolidated, with Spark's values and types.
 
 :class:`~ivm.errors.NotOnDriver`, raised before any state is written, hands the node to Spark:
-a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX without GROUP BY, a
+a build, more input updates than the policy's ``driver_state_rows``, a
 monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
 not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
@@ -457,18 +457,20 @@ def _tower(
     store: Any,
 ) -> tuple[dict[Group, list], dict[Group, list]]:
     """Climb a MIN/MAX tower with the change (:func:`ops.reduce.climb.climb_rows`); the branch's
-    results per touched group at old and at new, from its top level."""
+    results per touched group at old and at new, from its top level. Without GROUP BY the
+    tower has no key (as on Spark's path) and its one group's results over no row are NULL."""
     arg = branch.value or ""
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
     values = [f"_{f}" for f in funcs]
     modulus = 1 << (FANOUT_BITS * branch.levels)
     t = types[arg]
+    tkeys = [k for k in keys if k != GLOBAL_KEY]
     # Level 0: the change summed per (group, value), each value in its bucket (hashed once).
     level0 = (
-        rows.select([*keys, arg, DIFF])
-        .group_by([*keys, arg], use_threads=False)
+        rows.select([*tkeys, arg, DIFF])
+        .group_by([*tkeys, arg], use_threads=False)
         .aggregate([(DIFF, "sum")])
-        .rename_columns([*keys, arg, DIFF])
+        .rename_columns([*tkeys, arg, DIFF])
     )
     distinct = pc.unique(level0.column(arg))
     hashes = pa.array([spark_xxhash64(v, t) % modulus for v in distinct.to_pylist()], pa.int64())
@@ -476,21 +478,24 @@ def _tower(
     leaf = level0.append_column("_b", buckets).append_column(
         "_p", pc.shift_right(buckets, FANOUT_BITS)
     )
-    if climb_rows(store, branch, keys, [arg], values, minmax_combine(funcs), leaf) is None:
+    if climb_rows(store, branch, tkeys, [arg], values, minmax_combine(funcs), leaf) is None:
         raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
-    top_probe = probe.append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
-    top = store.read_rows(branch.tables[-1], [*keys, "_b"], top_probe, store.new)
+    top_probe = probe.select(tkeys).append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
+    top = store.read_rows(branch.tables[-1], [*tkeys, "_b"], top_probe, store.new)
     if top is None:
         raise NotOnDriver(f"{branch.name}: the tower's top is Spark's to read")
     entries = top.to_pylist()
     out = []
     for at in (store.old, store.new):
-        held = summed([e for e in entries if e[TIME] <= at], [*keys, *values])
+        held = summed([e for e in entries if e[TIME] <= at], [*tkeys, *values])
         per_group: dict[Group, list] = {}
+        if not tkeys:  # the one group: its row exists over no input row
+            per_group[(0,)] = [None] * len(branch.aggregates)
         for row, n in held.items():
             if n > 0:
-                found = dict(zip(values, row[len(keys) :], strict=True))
-                per_group[row[: len(keys)]] = [found[f"_{a.func}"] for a in branch.aggregates]
+                found = dict(zip(values, row[len(tkeys) :], strict=True))
+                group = row[: len(tkeys)] if tkeys else (0,)
+                per_group[group] = [found[f"_{a.func}"] for a in branch.aggregates]
         out.append(per_group)
     return out[0], out[1]
 
