@@ -32,6 +32,7 @@ from ivm.plan.ir import Join, JoinInput, SemiJoin
 from ivm.plan.join import KeyPair, LookupStage, count_stage, key_pairs, plan_paths, shared_lookups
 from ivm.plan.reduce import GLOBAL_KEY, not_in_mode, not_in_table
 from ops import DIFF, TIME
+from ops.arrange import distinct_rows
 from ops.rows import null_safe_matches
 from ops.stateless.driver import filtered, integral_result, projected
 
@@ -360,8 +361,7 @@ def _anti_delta_local(
 def _keys_of(rows: pa.Table, keys: Sequence[str], safe: Sequence[bool]) -> pa.Table:
     """The distinct values of ``rows``' ``keys`` that can match: no NULL in a key compared
     by ``=``."""
-    table = _strict_keys_present(rows.select(list(keys)), keys, safe)
-    return table.group_by(list(keys), use_threads=False).aggregate([]).select(list(keys))
+    return distinct_rows(_strict_keys_present(rows.select(list(keys)), keys, safe))
 
 
 def _matching(rows: pa.Table, keys: Sequence[str], values: pa.Table) -> pa.Array:

@@ -448,6 +448,29 @@ def _distinct_flips(
     return pa.Table.from_pylist(flips, schema=change.schema)
 
 
+def _leaf(
+    rows: pa.Table, keys: list[str], values: list[str], types: dict[str, T.DataType], levels: int
+) -> pa.Table:
+    """A tower's level-0 change: ``rows`` summed per ``(keys, values)``, zero sums dropped,
+    each in the bucket ``_b`` Spark's ``xxhash64`` of its ``values`` gives it (each distinct
+    tuple hashed once), with that bucket's parent ``_p``."""
+    summed_rows = (
+        rows.select([*keys, *values, DIFF])
+        .group_by([*keys, *values], use_threads=False)
+        .aggregate([(DIFF, "sum")])
+        .rename_columns([*keys, *values, DIFF])
+    )
+    summed_rows = summed_rows.filter(pc.not_equal(summed_rows.column(DIFF), 0))
+    modulus = 1 << (FANOUT_BITS * levels)
+    value_types = [types[c] for c in values]
+    tuples = list(zip(*(summed_rows.column(c).to_pylist() for c in values), strict=True))
+    hashed = {row: spark_row_hash(row, value_types) % modulus for row in set(tuples)}
+    buckets = pa.array([hashed[row] for row in tuples], pa.int64())
+    return summed_rows.append_column("_b", buckets).append_column(
+        "_p", pc.shift_right(buckets, FANOUT_BITS)
+    )
+
+
 def _tower(
     branch: Branch,
     rows: pa.Table,
@@ -462,22 +485,8 @@ def _tower(
     arg = branch.value or ""
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
     values = [f"_{f}" for f in funcs]
-    modulus = 1 << (FANOUT_BITS * branch.levels)
-    t = types[arg]
     tkeys = [k for k in keys if k != GLOBAL_KEY]
-    # Level 0: the change summed per (group, value), each value in its bucket (hashed once).
-    level0 = (
-        rows.select([*tkeys, arg, DIFF])
-        .group_by([*tkeys, arg], use_threads=False)
-        .aggregate([(DIFF, "sum")])
-        .rename_columns([*tkeys, arg, DIFF])
-    )
-    distinct = pc.unique(level0.column(arg))
-    hashes = pa.array([spark_xxhash64(v, t) % modulus for v in distinct.to_pylist()], pa.int64())
-    buckets = pc.take(hashes, pc.index_in(level0.column(arg), value_set=distinct))
-    leaf = level0.append_column("_b", buckets).append_column(
-        "_p", pc.shift_right(buckets, FANOUT_BITS)
-    )
+    leaf = _leaf(rows, tkeys, [arg], types, branch.levels)
     if climb_rows(store, branch, tkeys, [arg], values, minmax_combine(funcs), leaf) is None:
         raise NotOnDriver(f"{branch.name}: the tower is Spark's to climb")
     top_probe = probe.select(tkeys).append_column("_b", pa.array([0] * probe.num_rows, pa.int64()))
@@ -539,25 +548,7 @@ def _topk_tower(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Ta
     types = {f.name: f.dataType for f in from_arrow_schema(held.schema)}
     rank = buffer.ranking(node.order, data)
     k = node.limit + node.offset
-    summed_rows = held.group_by([*keys, *rest], use_threads=False).aggregate([(DIFF, "sum")])
-    summed_rows = summed_rows.rename_columns([*keys, *rest, DIFF])
-    summed_rows = summed_rows.filter(pc.not_equal(summed_rows.column(DIFF), 0))
-    modulus = 1 << (FANOUT_BITS * branch.levels)
-    rest_types = [types[c] for c in rest]
-    buckets = (
-        pa.array(
-            [
-                spark_row_hash(row, rest_types) % modulus
-                for row in zip(*(summed_rows.column(c).to_pylist() for c in rest), strict=True)
-            ],
-            pa.int64(),
-        )
-        if rest
-        else pa.array([0] * summed_rows.num_rows, pa.int64())
-    )
-    leaf = summed_rows.append_column("_b", buckets).append_column(
-        "_p", pc.shift_right(buckets, FANOUT_BITS)
-    )
+    leaf = _leaf(held, keys, rest, types, branch.levels)
     width = len(keys)
     position = {c: i for i, c in enumerate([*keys, "_p", "_b", *rest])}
     picks = [position[c] for c in data]
@@ -583,11 +574,21 @@ def _topk_tower(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Ta
             for row, n in top.items()
         ]
         return pa.Table.from_pylist(rows, schema=out_schema)
-    groups = list({row[:width] for row in top})
+    rows = _numbered_top(node, branch, {row[:width] for row in top}, held.schema, store)
+    return pa.Table.from_pylist(rows, schema=out_schema)
+
+
+def _numbered_top(
+    node: TopK, branch: Branch, touched: set[Row], schema: pa.Schema, store: Any
+) -> list[dict]:
+    """A ranked or offset TopK's change: the ``touched`` groups' top rows read at old and
+    new, numbered (:func:`ops.reduce.buffer.numbered`)."""
+    keys, data = list(node.partition), list(node.input.columns)
+    groups = list(touched)
     probe = pa.table(
         {
             **{
-                c: pa.array([g[i] for g in groups], held.schema.field(c).type)
+                c: pa.array([g[i] for g in groups], schema.field(c).type)
                 for i, c in enumerate(keys)
             },
             "_b": pa.array([0] * len(groups), pa.int64()),
@@ -603,8 +604,8 @@ def _topk_tower(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Ta
         for row, n in held_rows.items():
             per_group.setdefault(tuple(row[data.index(c)] for c in keys), Counter())[row] = n
         states.append(per_group)
-    rows = buffer.numbered(node, data, rank, states[0], states[1], store.new)
-    return pa.Table.from_pylist(rows, schema=out_schema)
+    rank = buffer.ranking(node.order, data)
+    return buffer.numbered(node, data, rank, states[0], states[1], store.new)
 
 
 def stateful_local(node: Reduce | TopK, delta: pa.Table, store: Any) -> pa.Table:
