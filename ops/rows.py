@@ -13,10 +13,8 @@ writes anything whether it holds them as Spark would).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -85,24 +83,27 @@ class SortedKey:
 
     columns: tuple[pa.Array, ...]
     numbers: tuple[np.ndarray | None, ...]  # each column as numpy (integers, dates), or None
+    nulls: tuple[np.ndarray | None, ...]  # each column's NULLs before each row, or None: none
 
     @staticmethod
     def of(table: pa.Table, key: Sequence[str]) -> SortedKey | None:
         """The index of ``table``'s ``key`` columns, or None when they are not in that
-        order or a column's type is not ordered alike by Arrow, numpy and Python (floating
-        point: NaN, -0.0)."""
+        order or a column's type is not ordered alike by Arrow and numpy (floating point:
+        NaN, -0.0)."""
         columns = tuple(table.column(c).combine_chunks() for c in key)
         if not all(_ordered_alike(c.type) for c in columns):
             return None
         if table.num_rows > 1 and not _ascending(columns):
             return None
         numbers = tuple(_numbers(c) for c in columns)
-        return SortedKey(columns, numbers)
+        nulls = tuple(_nulls_before(c) for c in columns)
+        return SortedKey(columns, numbers, nulls)
 
     def positions(self, wanted: pa.Table) -> np.ndarray:
         """Ascending positions (int64) of the rows whose key equals a row of ``wanted`` (its
-        columns in the key's order, NULL equal to NULL), by binary search column after
-        column."""
+        columns in the key's order, NULL equal to NULL): column after column, every wanted
+        key's range narrowed at once by a binary search of all of them together, in
+        vectorized steps as many as the range's length has bits."""
         n = len(self.columns[0])
         wanted = self._in_range(wanted)
         alive = np.arange(wanted.num_rows)  # the wanted keys whose range is not empty
@@ -111,14 +112,8 @@ class SortedKey:
         for j, column in enumerate(self.columns):
             if not len(lo):
                 break
-            values = wanted.column(j).combine_chunks().cast(column.type)
-            # each range left, its wanted values at once (grouped first: a range narrowed
-            # to nothing may start where the next one does)
-            order = np.argsort(lo, kind="stable")
-            groups = np.split(order, np.flatnonzero(np.diff(lo[order])) + 1)
-            for at in groups:
-                start, end = int(lo[at[0]]), int(hi[at[0]])
-                lo[at], hi[at] = self._within(j, start, end, values.take(alive[at]))
+            values = wanted.column(j).combine_chunks().cast(column.type).take(alive)
+            lo, hi = self._within(j, lo, hi, values)
             found = hi > lo
             alive, lo, hi = alive[found], lo[found], hi[found]
         if not len(lo):
@@ -144,38 +139,65 @@ class SortedKey:
             return wanted
         return wanted.filter(inside)
 
-    def _within(self, j: int, lo: int, hi: int, values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    def _within(
+        self, j: int, lo: np.ndarray, hi: np.ndarray, values: pa.Array
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The range of each of ``values`` among rows ``[lo, hi)`` of key column ``j``
-        (sorted there, NULLs first)."""
-        column = self.columns[j]
-        nulls = column.slice(lo, hi - lo).null_count
-        start = lo + nulls
-        out_lo = np.full(len(values), lo, dtype=np.int64)
-        out_hi = np.full(len(values), start, dtype=np.int64)  # NULL: the leading NULLs
-        present = np.flatnonzero(np.asarray(values.is_valid()))
-        if not len(present) or start == hi:
-            out_hi[present] = lo
-            return out_lo, out_hi
-        probe = values.take(present)
-        distinct = pc.unique(probe)
-        numbers = self.numbers[j]
-        if numbers is not None:
-            keys = _numbers(distinct)
-            assert keys is not None
-            lows = np.searchsorted(numbers[start:hi], keys, "left") + start
-            highs = np.searchsorted(numbers[start:hi], keys, "right") + start
-        else:  # each distinct value once: Python compares
-            items = _Items(column)
-            keys_py = distinct.to_pylist()
-            lows = np.array([bisect_left(items, k, start, hi) for k in keys_py], np.int64)
-            highs = np.array([bisect_right(items, k, start, hi) for k in keys_py], np.int64)
-        which = pc.index_in(probe, value_set=distinct).to_numpy()
-        out_lo[present], out_hi[present] = lows[which], highs[which]
+        (sorted there, NULLs first): a NULL's is the range's leading NULLs, a value's the
+        rows equal to it after them."""
+        nulls = self.nulls[j]
+        start = lo if nulls is None else lo + nulls[hi] - nulls[lo]
+        valid = np.asarray(values.is_valid())
+        out_lo = np.where(valid, _bisect(self, j, start, hi, values, valid, right=False), lo)
+        out_hi = np.where(valid, _bisect(self, j, out_lo, hi, values, valid, right=True), start)
         return out_lo, out_hi
 
 
+def _bisect(
+    index: SortedKey,
+    j: int,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    values: pa.Array,
+    valid: np.ndarray,
+    *,
+    right: bool,
+) -> np.ndarray:
+    """For each ``i`` where ``valid``, the first row ``p`` of ``[lo[i], hi[i])`` of key
+    column ``j`` (sorted, no NULL there) whose value is at least ``values[i]`` (past it when
+    ``right``), every key's search stepping at once; elsewhere ``lo[i]``."""
+    lo, hi = lo.copy(), np.where(valid, hi, lo)
+    numbers = index.numbers[j]
+    keys = _numbers(values) if numbers is not None else None
+    while True:
+        active = np.flatnonzero(lo < hi)
+        if not len(active):
+            return lo
+        mid = (lo[active] + hi[active]) // 2
+        if numbers is not None and keys is not None:
+            here, there = numbers[mid], keys[active]
+            before = here <= there if right else here < there
+        else:
+            here_a, there_a = index.columns[j].take(mid), values.take(active)
+            compare = pc.less_equal if right else pc.less
+            before = np.asarray(compare(here_a, there_a).to_numpy(zero_copy_only=False))
+        lo[active[before]] = mid[before] + 1
+        hi[active[~before]] = mid[~before]
+
+
+def _nulls_before(column: pa.Array) -> np.ndarray | None:
+    """How many of ``column``'s rows before each row (and before its end) are NULL, or None
+    when none is."""
+    if not column.null_count:
+        return None
+    counts = np.zeros(len(column) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(column.is_null()), out=counts[1:])
+    return counts
+
+
 def _ordered_alike(t: pa.DataType) -> bool:
-    """Whether Arrow's order of ``t``'s values is numpy's and Python's."""
+    """Whether ``t``'s values are ordered by Arrow's comparisons (and, integers and dates,
+    by numpy's) as the key's writers sort them."""
     return (
         pa.types.is_integer(t)
         or pa.types.is_decimal(t)
@@ -227,21 +249,6 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     starts = np.repeat(lo.astype(np.int64) - (np.cumsum(counts) - counts), counts)
     return starts + np.arange(total, dtype=np.int64)
-
-
-class _Items:
-    """An Arrow array as a sequence of Python values, for :mod:`bisect`: Python orders
-    strings by code point, which is UTF-8's byte order (Arrow's), and decimals, dates and
-    bytes as Arrow does."""
-
-    def __init__(self, values: pa.Array) -> None:
-        self._values = values
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getitem__(self, i: int) -> Any:
-        return self._values[i].as_py()
 
 
 _UNITS = ("s", "ms", "us", "ns")

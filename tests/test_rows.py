@@ -72,8 +72,9 @@ def _sorted_table(rng: random.Random, kinds: list[str], n: int) -> pa.Table:
 
 
 def _wanted(rng: random.Random, kinds: list[str], table: pa.Table) -> pa.Table:
-    """Some of ``table``'s keys and some drawn at random (absent, most of them)."""
-    n = rng.randint(0, 8)
+    """Some of ``table``'s keys and some drawn at random (absent, most of them): a few, or
+    many (each search step then narrows many ranges at once)."""
+    n = rng.choice([rng.randint(0, 8), 200])
     drawn = {
         f"c{i}": pa.array(
             [None if rng.random() < 0.2 else _VALUES[k][1](rng) for _ in range(n)], _VALUES[k][0]
@@ -81,7 +82,9 @@ def _wanted(rng: random.Random, kinds: list[str], table: pa.Table) -> pa.Table:
         for i, k in enumerate(kinds)
     }
     present = (
-        table.take([rng.randrange(table.num_rows) for _ in range(3)]) if table.num_rows else None
+        table.take(pa.array([rng.randrange(table.num_rows) for _ in range(3 + n // 4)], pa.int64()))
+        if table.num_rows
+        else None
     )
     drawn_table = pa.table(drawn, schema=table.schema)
     return pa.concat_tables([drawn_table, present]) if present is not None else drawn_table
