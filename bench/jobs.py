@@ -1,7 +1,8 @@
 """Where a refresh's Spark jobs go, per view (``python -m bench.jobs [--scale SF] [--fraction F]
-[--path spark|policy] [--views q03,q21]``).
+[--path spark|policy] [--views q03,q21] [--queries DIR]``).
 
-Builds the 22 TPC-H views of ``tests/tpch/`` (and the internal views they plan) over TPC-H
+Builds the 22 TPC-H views of ``tests/tpch/`` (or the views of ``--queries``, ``*.sql`` over
+the TPC-H tables) and the internal views they plan over TPC-H
 sources at ``--scale`` (default 0.01), applies one change batch touching ``--fraction`` of the
 orders (default 2%, ``demo.tpch.apply_change_batch``), refreshes once on Spark alone
 (``--path spark``) or where the policy places each view (``policy``), and prints the build
@@ -39,11 +40,12 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.02)
     parser.add_argument("--path", choices=("spark", "policy"), default="spark")
     parser.add_argument("--views", default="q03")
+    parser.add_argument("--queries", type=Path, default=QUERIES)
     args = parser.parse_args()
     parquet = generate_parquet(args.scale, WORK / f"tpch-sf{args.scale:g}", ALL_TABLES)
     root = Path(tempfile.mkdtemp(prefix="ivm-bench-jobs-"))
     sources = create_sources(parquet, root / "data", ALL_TABLES)
-    project = write_project(root, sources, views=QUERIES)
+    project = write_project(root, sources, views=args.queries)
     spark = get_spark(
         {
             "spark.ui.enabled": "true",

@@ -193,9 +193,9 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
 
 def node_support(node: Node) -> str | None:
     """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
-    if isinstance(node, Window):
-        return "window functions are computed by Spark"
     if isinstance(node, Constant):  # no update after the build, which Spark computes
+        return None
+    if isinstance(node, Window):  # the driver keeps its state, Spark's functions its values
         return None
     if not isinstance(node, (Get, Filter, Project, UnionAll, Join, SemiJoin, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"
@@ -206,8 +206,10 @@ def node_support(node: Node) -> str | None:
 
 def driver_support(node: Node) -> str | None:
     """Why the driver's renderers cannot compute ``node``'s updates, or None: they render
-    Get, Filter, Project, UnionAll, joins (outer, semi, anti and NOT IN too), GROUP BY with COUNT/SUM/AVG/variance/BOOL
-    and MIN/MAX, and buffered TopK, over the expressions of :data:`VALUES`. A None may still
+    Get, Filter, Project, UnionAll, joins (outer, semi, anti and NOT IN too), GROUP BY with
+    COUNT/SUM/AVG/variance/BOOL and MIN/MAX, TopK (buffered, or a tower over an aggregate) and
+    windows (their values by Spark's functions over the rows the driver reads), over the
+    expressions of :data:`VALUES`. A None may still
     meet a decline that depends on types or rows (the module's docstring)."""
     why = node_support(node)
     if why is not None or isinstance(node, (Join, SemiJoin)):  # their inputs are Gets: checked

@@ -42,21 +42,25 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
+from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from ivm.errors import InvariantViolation, NotOnDriver
 from ivm.plan.driver import node_support
-from ivm.plan.ir import Aggregate, Reduce, TopK
+from ivm.plan.ir import Aggregate, Reduce, TopK, Window
 from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, SUMMED, Branch, branches
 from ivm.policy import current
 from ops import DIFF, TIME
+from ops.arrange import distinct_rows
+from ops.ingest import consolidated_on
 from ops.reduce import accumulable, buffer, floatsum
 from ops.reduce.accumulable import Group
 from ops.reduce.buffer import Row, summed
 from ops.reduce.climb import climb_rows, minmax_combine
+from ops.reduce.spark import window_values
 from ops.sink import exact_types
-from ops.stateless.driver import arrow_type, decimal_shape
+from ops.stateless.driver import arrow_type, decimal_shape, normalized_floats
 
 _SPECIAL = {
     "nan": pc.is_nan,
@@ -608,8 +612,58 @@ def _numbered_top(
     return buffer.numbered(node, data, rank, states[0], states[1], store.new)
 
 
-def stateful_local(node: Reduce | TopK, delta: pa.Table, store: Any) -> pa.Table:
-    """A GROUP BY's (:func:`reduce_local`) or a TopK's (:func:`topk_local`) change."""
+def window_local(node: Window, delta: pa.Table, store: Any) -> pa.Table:
+    """A Window's change from its input's updates ``delta`` (``(columns..., _time,
+    _diff)``), :func:`ops.reduce.spark.render_window`'s: the touched partitions' rows read by
+    the driver at old, the change added for new, their calls' values computed by Spark's own
+    window functions over the two as local relations (:func:`ops.reduce.spark.window_values`,
+    one task, no shuffle), and the change appended to the state table once they are known.
+    NotOnDriver, before anything is written: floating-point input columns, more updates or
+    partition rows than the driver's state rows, a NaN among the values."""
+    (branch,) = branches(node)
+    (table,) = branch.tables
+    if store.read_rows is None or store.write_rows is None or store.old <= 0:
+        raise NotOnDriver("the state is not the driver's to read")
+    if delta.num_rows > current().driver_state_rows:
+        raise NotOnDriver("more updates than the driver's state rows")
+    keys = list(node.keys) or [GLOBAL_KEY]
+    data = list(node.input.columns)
+    cols = list(dict.fromkeys([*keys, *data]))
+    if not exact_types(from_arrow_schema(delta.select(data).schema)):
+        raise NotOnDriver("a window over floating point is Spark's")
+    if not node.keys:
+        delta = delta.append_column(GLOBAL_KEY, pa.array([0] * delta.num_rows, pa.int32()))
+    change = consolidated_on(delta, cols)
+    if change is None:
+        raise NotOnDriver("a column Arrow does not group")
+    before = store.read_rows(table, keys, distinct_rows(change.select(keys)), store.old)
+    if before is None:
+        raise NotOnDriver(f"{table.name}: the touched partitions are Spark's to read")
+    stamp = pa.array([store.new] * change.num_rows, pa.int64())
+    stamped = change.append_column(TIME, stamp).select(before.schema.names).cast(before.schema)
+
+    def local(rows: pa.Table) -> DataFrame:
+        net = consolidated_on(rows, cols)
+        assert net is not None  # the columns grouped above
+        return store.spark.createDataFrame(net, schema=from_arrow_schema(net.schema)).coalesce(1)
+
+    states = [(local(before), -1), (local(pa.concat_tables([before, stamped])), 1)]
+    values = window_values(node, states)
+    out_schema = to_arrow_schema(values.schema)
+    found = normalized_floats(values.toArrow().cast(out_schema)) if change.num_rows else None
+    net = consolidated_on(found, node.columns) if found is not None else None
+    store.write_rows(table, stamped)
+    if net is None or not net.num_rows:
+        return out_schema.empty_table().append_column(TIME, pa.array([], pa.int64()))
+    net = net.append_column(TIME, pa.array([store.new] * net.num_rows, pa.int64()))
+    return net.select([*node.columns, TIME, DIFF])
+
+
+def stateful_local(node: Reduce | TopK | Window, delta: pa.Table, store: Any) -> pa.Table:
+    """A GROUP BY's (:func:`reduce_local`), a TopK's (:func:`topk_local`) or a Window's
+    (:func:`window_local`) change."""
     if isinstance(node, Reduce):
         return reduce_local(node, delta, store)
+    if isinstance(node, Window):
+        return window_local(node, delta, store)
     return topk_local(node, delta, store)

@@ -1378,21 +1378,34 @@ def render_window(node: WindowNode, delta: DataFrame, store: StateStore) -> Data
     change = materialize(change)
     store.write(table, change)
     rows = store.read(table, keys, change.select(*[_c(k) for k in keys]).distinct(), store.new)
-    _check_float_order(node, delta)
-    calls = [F.expr(spark_sql(w.sql(tuple(data)))).alias(w.name) for w in node.calls]
-    results = []
-    for at, sign in ((store.old, -1), (store.new, 1)):
-        state = consolidate(rows.where(_c(TIME) <= at), cols, by_time=False).where(_c(DIFF) > 0)
-        # one row per copy: the calls see the multiset
-        copies = state.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
-        results.append(
-            copies.select(*[_c(c) for c in data], *calls, F.lit(sign).cast("bigint").alias(DIFF))
-        )
-    both = results[0].unionByName(results[1]).withColumn(TIME, stamp)
+    states = [
+        (consolidate(rows.where(_c(TIME) <= at), cols, by_time=False), sign)
+        for at, sign in ((store.old, -1), (store.new, 1))
+    ]
+    both = window_values(node, states).withColumn(TIME, stamp)
     return consolidate(both, list(node.columns)).select(*[_c(c) for c in node.columns], TIME, DIFF)
 
 
-def _check_float_order(node: WindowNode, delta: DataFrame) -> None:
+def window_values(node: WindowNode, states: Sequence[tuple[DataFrame, int]]) -> DataFrame:
+    """The Window's rows ``(columns..., _diff)`` over each of ``states``, its input's rows of
+    the touched partitions ``(columns..., _diff)`` at a time, with that time's sign as their
+    diff: Spark's window functions over the multiset (one row per copy), the calls as
+    :meth:`~ivm.plan.ir.WindowCall.sql` writes them. Both renderers evaluate them here, so a
+    partition's values at old are the ones its rows were given then."""
+    data = list(node.input.columns)
+    calls = [F.expr(spark_sql(w.sql(tuple(data)))).alias(w.name) for w in node.calls]
+    results = []
+    for state, sign in states:
+        held = state.where(_c(DIFF) > 0)
+        check_float_order(node, held)
+        copies = held.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
+        results.append(
+            copies.select(*[_c(c) for c in data], *calls, F.lit(sign).cast("bigint").alias(DIFF))
+        )
+    return fold(DataFrame.unionByName, results)
+
+
+def check_float_order(node: WindowNode, rows: DataFrame) -> None:
     """Refuse a floating-point sum over a RANGE frame with ORDER BY: rows tied in ORDER BY
     are added in an order Spark does not fix, so its value could differ between the old
     result recomputed and the one the view holds."""
@@ -1400,7 +1413,7 @@ def _check_float_order(node: WindowNode, delta: DataFrame) -> None:
         f = window_function(w.over)
         if w.ordered or not isinstance(f, _FLOAT_SUMMED):
             continue
-        dt = delta.select(F.expr(spark_sql(f.this))).schema[0].dataType
+        dt = rows.select(F.expr(spark_sql(f.this))).schema[0].dataType
         if isinstance(dt, (T.FloatType, T.DoubleType)):
             raise UnsupportedSqlError(
                 f"{f.sql_name()} of a floating-point value over a RANGE frame "

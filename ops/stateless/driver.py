@@ -75,6 +75,7 @@ from ivm.plan.ir import (
     SemiJoin,
     TopK,
     UnionAll,
+    Window,
     collections,
 )
 from ops import DIFF, TIME, decimals
@@ -863,7 +864,7 @@ def _as_bool(v: Value) -> Value:
 
 
 JoinRenderer = Callable[[Join, Mapping[str, pa.Table]], pa.Table]
-StatefulRenderer = Callable[[Reduce | TopK, pa.Table], pa.Table]
+StatefulRenderer = Callable[[Reduce | TopK | Window, pa.Table], pa.Table]
 
 
 def render_local(
@@ -880,7 +881,7 @@ def render_local(
     :class:`~ivm.errors.NotOnDriver` for what Spark must compute."""
     if isinstance(node, (Join, SemiJoin)) and join is not None:
         return join(node, inputs)
-    if isinstance(node, (Reduce, TopK)) and stateful is not None:
+    if isinstance(node, (Reduce, TopK, Window)) and stateful is not None:
         return stateful(node, render_local(spark, node.input, inputs, join, stateful))
     if isinstance(node, Get):
         return inputs[node.collection].select([*node.columns, TIME, DIFF])
