@@ -72,6 +72,7 @@ class ViewState:
             small=self.small,
             read_rows=self.read_rows,
             write_rows=self.write_rows,
+            row_schema=self.row_schema,
         )
 
     def uri(self, table: StateTable) -> str:
@@ -184,13 +185,17 @@ class ViewState:
         self.stats.setdefault(f"state {table.name}", LookupStats()).add(st)
         return df
 
+    def row_schema(self, table: StateTable) -> pa.Schema:
+        """The table's columns and types as the driver reads them (:meth:`read_rows`)."""
+        return spark_compatible_schema(self.catalog.table_schema(self.uri(table)))
+
     def read_rows(
         self, table: StateTable, key: Sequence[str], keys: pa.Table, as_of: int
     ) -> pa.Table | None:
         """:meth:`read` by the driver, in Arrow; None when its files hold too many rows
         (``policy.driver_state_rows``)."""
         uri = self.uri(table)
-        schema = spark_compatible_schema(self.catalog.table_schema(uri))
+        schema = self.row_schema(table)
         most = policy.current().driver_state_rows
         rows, st = lookup_rows(uri, schema, list(key), keys, as_of, most)
         self.stats.setdefault(f"state {table.name}", LookupStats()).add(st)

@@ -22,7 +22,7 @@ from ivm.sql.parse import parse_view
 T = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("v", pa.int64())])
 VIEWS = {
     "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, count(*) AS n FROM src GROUP BY grp",
-    "apart": "CREATE VIEW apart AS SELECT k FROM src EXCEPT SELECT v FROM src",
+    "reversed": "CREATE VIEW reversed AS SELECT k, reverse(grp) AS r FROM src",
 }
 
 
@@ -33,22 +33,22 @@ def _plan(sql: str):
 def test_placement_is_decided_from_the_change_and_the_plan() -> None:
     """No Spark: the rules themselves, each with the reason it gives."""
     grouped = _plan("CREATE VIEW v AS SELECT grp, sum(v) AS s FROM src GROUP BY grp").root
-    outer = _plan("CREATE VIEW v AS SELECT k FROM src EXCEPT SELECT v FROM src").root
+    outer = _plan("CREATE VIEW v AS SELECT k, reverse(grp) AS r FROM src").root
     chosen = Policy(driver_change_rows=100)
     assert chosen.place(grouped, 100).where == "driver"
     assert "100 input updates <= driver_change_rows = 100" in chosen.place(grouped, 100).reason
     big = chosen.place(grouped, 101)
     assert (big.where, big.small) == ("spark", False)
     assert "101 input updates > driver_change_rows = 100" in big.reason
-    assert driver_support(outer) == "SetOp is computed by Spark"
+    assert driver_support(outer) == "Reverse is computed by Spark"
     unsupported = chosen.place(outer, 5)
     assert (unsupported.where, unsupported.small) == ("spark", True)  # small: driver writes
-    assert "SetOp is computed by Spark" in unsupported.reason
+    assert "Reverse is computed by Spark" in unsupported.reason
     assert chosen.place(grouped, 5, build=True).where == "spark"
     assert Policy.spark_only().place(grouped, 0).where == "spark"
     assert "policy.driver = false" in Policy.spark_only().place(grouped, 0).reason
     assert "at most 100 updates" in chosen.describe(grouped)
-    assert chosen.describe(outer) == "Spark (SetOp is computed by Spark)"
+    assert chosen.describe(outer) == "Spark (Reverse is computed by Spark)"
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_placement_is_decided_from_the_change_and_the_plan() -> None:
         ("SELECT substr(grp, v) AS s FROM src", "substr with a computed start"),
         ("SELECT substr(grp, -2) AS s FROM src", "substr from the end"),
         ("SELECT sqrt(v) AS r FROM src", "Sqrt is computed by Spark"),
-        ("SELECT k FROM src INTERSECT SELECT v FROM src", "SetOp is computed by Spark"),
+        ("SELECT k, reverse(grp) AS r FROM src", "Reverse is computed by Spark"),
         ("SELECT grp, string_agg(grp, ',') AS s FROM src GROUP BY grp", "basic aggregates"),
         ("SELECT a.k FROM src a JOIN src b ON a.k = b.v WHERE sqrt(b.v) > 1", "Sqrt"),
     ],
@@ -126,7 +126,7 @@ def _change(path: str, k: int) -> None:
 @pytest.mark.parametrize("driver", [True, False], ids=["defaults", "spark_only"])
 def test_the_engines_policy_places_every_refresh(spark, make_project, src, driver) -> None:
     """An engine given a policy runs under it: the defaults put a small change of an
-    aggregate on the driver, ``spark_only`` on Spark, a set operation always on Spark; each
+    aggregate on the driver, ``spark_only`` on Spark, a function the driver does not evaluate always on Spark; each
     result says where and why, EXPLAIN says the rule, and every view equals DuckDB's."""
     chosen = Policy() if driver else Policy.spark_only()
     before = policy.current()
@@ -139,7 +139,7 @@ def test_the_engines_policy_places_every_refresh(spark, make_project, src, drive
         report = engine.refresh()
         assert report.ok, [v.error for v in report.views]
         results = {v.view: v for v in report.views}
-        sums, outer = results["sums"], results["apart"]
+        sums, outer = results["sums"], results["reversed"]
         if driver:
             assert sums.computed_by == "driver", sums.driver_declined
             assert sums.placement.startswith("driver (1 input updates <= driver_change_rows")
@@ -149,7 +149,7 @@ def test_the_engines_policy_places_every_refresh(spark, make_project, src, drive
             assert sums.placement == "spark (the driver is off: policy.driver = false)"
             assert "refreshes run on: Spark (policy.driver = false)" in engine.explain("sums")
         assert outer.computed_by == "spark"
-        assert ("SetOp is computed" if driver else "policy.driver = false") in outer.placement
+        assert ("Reverse is computed" if driver else "policy.driver = false") in outer.placement
         assert sums.metadata()["placement"] == sums.placement
         for c in compare_views(engine):
             assert c.equal, c.describe()

@@ -189,8 +189,8 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
         # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, with or
-        # without GROUP BY, and
-        # TopKs (buffered, and towers over aggregates): a small change is the driver's (ops.reduce.driver), unless the
+        # without GROUP BY, TopKs (buffered, and towers over aggregates) and INTERSECT/EXCEPT
+        # [ALL]: a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
         # (r_top_of_view, some rounds).
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
@@ -198,7 +198,8 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         grouped |= {"r_global_sums", "r_sparse_global", "r_global", "r_empty_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         ranked |= {"r_top_sums", "r_top_offset_sums", "r_top_per_grp"}  # towers
-        expected = (grouped | ranked if driver else set()) | {"r_over_agg"}
+        setops = {"r_except", "r_except_all"}  # r_intersect_all's % is Spark's
+        expected = (grouped | ranked | setops if driver else set()) | {"r_over_agg"}
         # With the driver's state rows off, a change reaching no state row at all (nothing
         # to read: r_sparse_global's empty filter) is still the driver's: it changes nothing.
         idle = set() if driver else {v.view for v in report.views if v.rows_changed == 0}

@@ -26,6 +26,7 @@ from ivm.plan.ir import (
     Project,
     Reduce,
     SemiJoin,
+    SetOp,
     TopK,
     UnionAll,
     Window,
@@ -195,7 +196,7 @@ def node_support(node: Node) -> str | None:
     """Why the driver's renderer cannot compute ``node`` itself (its inputs aside), or None."""
     if isinstance(node, Constant):  # no update after the build, which Spark computes
         return None
-    if isinstance(node, Window):  # the driver keeps its state, Spark's functions its values
+    if isinstance(node, (Window, SetOp)):  # a Window's values: Spark's functions
         return None
     if not isinstance(node, (Get, Filter, Project, UnionAll, Join, SemiJoin, Reduce, TopK)):
         return f"{type(node).__name__} is computed by Spark"

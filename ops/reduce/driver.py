@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
@@ -48,7 +49,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from ivm.errors import InvariantViolation, NotOnDriver
 from ivm.plan.driver import node_support
-from ivm.plan.ir import Aggregate, Reduce, TopK, Window
+from ivm.plan.ir import Aggregate, Reduce, SetOp, TopK, Window
 from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, SUMMED, Branch, branches
 from ivm.policy import current
 from ops import DIFF, TIME
@@ -59,6 +60,7 @@ from ops.reduce.accumulable import Group
 from ops.reduce.buffer import Row, summed
 from ops.reduce.climb import climb_rows, minmax_combine
 from ops.reduce.spark import window_values
+from ops.rows import cast_loss
 from ops.sink import exact_types
 from ops.stateless.driver import arrow_type, decimal_shape, normalized_floats
 
@@ -659,9 +661,92 @@ def window_local(node: Window, delta: pa.Table, store: Any) -> pa.Table:
     return net.select([*node.columns, TIME, DIFF])
 
 
-def stateful_local(node: Reduce | TopK | Window, delta: pa.Table, store: Any) -> pa.Table:
-    """A GROUP BY's (:func:`reduce_local`), a TopK's (:func:`topk_local`) or a Window's
-    (:func:`window_local`) change."""
+def setop_local(node: SetOp, left: pa.Table | None, right: pa.Table | None, store: Any) -> pa.Table:
+    """``left INTERSECT|EXCEPT [ALL] right``'s change, :func:`ops.reduce.spark.render_setop`'s:
+    each side's updates summed per row into its count's change (``_ca``, ``_cb``), the
+    touched rows' counts read at old, and each row's multiplicity at new minus at old; the
+    counts' change appended to the state table. ``left``/``right``: a side's updates, None for
+    a side of rows written in the view (no update after its build). NotOnDriver, before
+    anything is written: floating-point columns, a type the table's does not hold exactly,
+    more updates than the driver's state rows, state the driver does not read."""
+    (table,) = branches(node)[0].tables
+    if store.read_rows is None or store.write_rows is None or store.row_schema is None:
+        raise NotOnDriver("the state is not the driver's to read")
+    if store.old <= 0:
+        raise NotOnDriver("a build is Spark's")
+    cols = list(node.columns)
+    schema = store.row_schema(table)
+    target = pa.schema([*(schema.field(c) for c in cols), pa.field(DIFF, pa.int64())])
+    counts = []
+    for side, delta, tag in ((node.left, left, "_ca"), (node.right, right, "_cb")):
+        if delta is None:
+            continue
+        if delta.num_rows > current().driver_state_rows:
+            raise NotOnDriver("more updates than the driver's state rows")
+        named = delta.select([*side.columns, DIFF]).rename_columns([*cols, DIFF])
+        if not exact_types(from_arrow_schema(named.select(cols).schema)):
+            raise NotOnDriver("a set operation over floating point is Spark's")
+        why = cast_loss(named.schema, target)
+        if why is not None:
+            raise NotOnDriver(f"a set operation's {why}")
+        zero = pa.array([0] * named.num_rows, pa.int64())
+        named = named.cast(target).rename_columns([*cols, tag])
+        counts.append(named.append_column("_cb" if tag == "_ca" else "_ca", zero))
+    if not counts:
+        return (
+            pa.schema([*target][:-1])
+            .append(pa.field(TIME, pa.int64()))
+            .append(pa.field(DIFF, pa.int64()))
+            .empty_table()
+        )
+    change = _summed_on(pa.concat_tables([c.select([*cols, "_ca", "_cb"]) for c in counts]), cols)
+    change = change.filter(pc.or_(pc.not_equal(change["_ca"], 0), pc.not_equal(change["_cb"], 0)))
+    before = store.read_rows(table, cols, change.select(cols), store.old)
+    if before is None:
+        raise NotOnDriver(f"{table.name}: the touched rows' counts are Spark's to read")
+    at_old = before.select([*cols, "_ca", "_cb"]).cast(change.select([*cols, "_ca", "_cb"]).schema)
+    zeros = pa.array([0] * change.num_rows, pa.int64())
+    both = pa.concat_tables(
+        [
+            at_old.append_column("_ca0", at_old["_ca"]).append_column("_cb0", at_old["_cb"]),
+            change.append_column("_ca0", zeros).append_column("_cb0", zeros),
+        ]
+    )
+    held = _summed_on(both, cols)
+    a0, b0 = held["_ca0"].to_numpy(), held["_cb0"].to_numpy()
+    a1, b1 = held["_ca"].to_numpy(), held["_cb"].to_numpy()
+    diff = _multiplicity(node, a1, b1) - _multiplicity(node, a0, b0)
+    stamp = pa.array([store.new] * change.num_rows, pa.int64())
+    store.write_rows(table, change.append_column(TIME, stamp).select(schema.names).cast(schema))
+    out = held.select(cols).append_column(TIME, pa.array([store.new] * held.num_rows, pa.int64()))
+    out = out.append_column(DIFF, pa.array(diff, pa.int64()))
+    return out.filter(pc.not_equal(out[DIFF], 0))
+
+
+def _summed_on(rows: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``rows``' other columns summed per distinct ``keys`` (NULL equal to NULL), as int64."""
+    others = [c for c in rows.column_names if c not in keys]
+    sums = rows.group_by(list(keys), use_threads=False).aggregate([(c, "sum") for c in others])
+    return sums.select([*keys, *(f"{c}_sum" for c in others)]).rename_columns([*keys, *others])
+
+
+def _multiplicity(node: SetOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each row's copies in ``node``'s result given its counts ``a`` and ``b`` in its inputs."""
+    if node.op == "intersect":
+        return np.minimum(a, b) if node.all else ((a > 0) & (b > 0)).astype(np.int64)
+    return np.maximum(a - b, 0) if node.all else ((a > 0) & (b <= 0)).astype(np.int64)
+
+
+def stateful_local(
+    node: Reduce | SetOp | TopK | Window, *deltas: pa.Table | None, store: Any
+) -> pa.Table:
+    """A GROUP BY's (:func:`reduce_local`), a set operation's (:func:`setop_local`), a TopK's
+    (:func:`topk_local`) or a Window's (:func:`window_local`) change from its inputs'
+    updates ``deltas`` (None: a set operation's side of rows written in the view)."""
+    if isinstance(node, SetOp):
+        return setop_local(node, *deltas, store=store)
+    (delta,) = deltas
+    assert delta is not None
     if isinstance(node, Reduce):
         return reduce_local(node, delta, store)
     if isinstance(node, Window):

@@ -121,6 +121,7 @@ class StateStore:
             open hold too many rows for the driver (:func:`ops.arrange.lookup_rows`).
         write_rows: ``(table, updates)`` :attr:`write` of updates the driver holds, as Arrow
             ``(columns..., _time, _diff)`` with the table's types.
+        row_schema: ``(table)`` the columns and types :attr:`read_rows` gives its rows.
     """
 
     spark: SparkSession
@@ -133,6 +134,7 @@ class StateStore:
     small: bool = False
     read_rows: Callable[[StateTable, Sequence[str], pa.Table, int], pa.Table | None] | None = None
     write_rows: Callable[[StateTable, pa.Table], int | None] | None = None
+    row_schema: Callable[[StateTable], pa.Schema] | None = None
 
     def read_consolidated(
         self, table: StateTable, key: Sequence[str], keys: DataFrame, as_of: int, like: DataFrame

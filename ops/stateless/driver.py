@@ -73,6 +73,7 @@ from ivm.plan.ir import (
     Project,
     Reduce,
     SemiJoin,
+    SetOp,
     TopK,
     UnionAll,
     Window,
@@ -864,7 +865,7 @@ def _as_bool(v: Value) -> Value:
 
 
 JoinRenderer = Callable[[Join, Mapping[str, pa.Table]], pa.Table]
-StatefulRenderer = Callable[[Reduce | TopK | Window, pa.Table], pa.Table]
+StatefulRenderer = Callable[..., pa.Table]
 
 
 def render_local(
@@ -883,6 +884,12 @@ def render_local(
         return join(node, inputs)
     if isinstance(node, (Reduce, TopK, Window)) and stateful is not None:
         return stateful(node, render_local(spark, node.input, inputs, join, stateful))
+    if isinstance(node, SetOp) and stateful is not None:  # a side of written rows: None
+        sides = [
+            render_local(spark, side, inputs, join, stateful) if collections(side) else None
+            for side in node.inputs
+        ]
+        return stateful(node, *sides)
     if isinstance(node, Get):
         return inputs[node.collection].select([*node.columns, TIME, DIFF])
     if isinstance(node, Filter):
