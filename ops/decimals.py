@@ -150,6 +150,26 @@ def quotient(x: int, sx: int, y: int, sy: int, scale: int) -> int:
     return to_scale(truncated(num if den > 0 else -num, abs(den)), QUOTIENT_SCALE, scale)
 
 
+def remainder(x: int, sx: int, y: int, sy: int, scale: int) -> int:
+    """``x·10^-sx % y·10^-sy`` as Spark's ``Decimal %`` (Java's ``BigDecimal.remainder``):
+    exact, of the dividend's sign, as an integer of ``scale`` places (at least both scales).
+
+    >>> remainder(-75, 1, 2, 0, 1), remainder(75, 1, -200, 2, 2)
+    (-15, 150)
+
+    Raises:
+        ZeroDivisionError: ``y`` is 0 (Spark's ANSI mode raises too).
+        ValueError: the integer quotient has more than 38 digits (Java's remainder in
+            Spark's 38-digit context refuses it).
+    """
+    if y == 0:
+        raise ZeroDivisionError(f"{text(x, sx)} % 0")
+    a, b = abs(x) * 10 ** (scale - sx), abs(y) * 10 ** (scale - sy)
+    if len(str(a // b)) > 38:
+        raise ValueError(f"{text(x, sx)} % {text(y, sy)}: a quotient past 38 digits")
+    return -(a % b) if x < 0 else a % b
+
+
 def negation(x: int, precision: int) -> int:
     """``-x`` for a decimal of ``precision`` digits, as Spark's ``Decimal`` negates it
     (:data:`NEGATION_DIGITS`), as an integer of the same scale."""

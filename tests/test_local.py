@@ -77,6 +77,12 @@ EVALUATED = [
     "seg LIKE 'BUILD_NG'",
     "concat(name, '%_') LIKE '%\\\\%\\\\_'",  # escaped: the literal characters
     "EXTRACT(YEAR FROM day)",
+    "id % 2",
+    "qty % -3 + id % 7",
+    "price % 7",
+    "price % 2.125",
+    "id % price",
+    "CASE WHEN qty <> 0 THEN price % qty END",
     "EXTRACT(MONTH FROM day) * 100 + EXTRACT(DAY FROM day)",
     # an expression of no column holding what the driver does not compute: Spark's value
     "day < DATE '1995-01-31' + INTERVAL '1' MONTH",  # February's last day: Spark's clamping
@@ -87,7 +93,7 @@ EVALUATED = [
 
 LEFT_TO_SPARK = [
     "qty / 2",  # floating-point division
-    "id % 2",
+    "ratio % 2",  # floating point
     "upper(name)",  # non-ASCII text: Java's and Arrow's case tables
     "substr(seg, -2)",
     "ratio * 2",  # floating point
@@ -459,6 +465,18 @@ EDGE_CASES = [
     ("w / v", "division by zero"),
     ("x / 0", "division by zero"),
     ("i / 0", "declined"),
+    # remainders: the dividend's sign, exact; by zero of a non-NULL dividend fails
+    ("i % nullif(j, 0)", "value"),  # -2147483648 % 1, 7 % -2
+    ("i % j", "division by zero"),  # 0 % 0
+    ("b % 3", "value"),
+    ("b % -1", "value"),
+    ("t % nullif(j, 0)", "value"),
+    ("x % nullif(v, 0)", "value"),
+    ("w % nz", "value"),
+    ("n % 7", "value"),
+    ("i % 0", "division by zero"),
+    ("x % q", "division by zero"),
+    ("NULL % i", "value"),
     ("f / 0", "declined"),
     ("1 / 0 + i", "declined"),
     # text that is not a number: Spark's to read

@@ -198,7 +198,7 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         grouped |= {"r_global_sums", "r_sparse_global", "r_global", "r_empty_global"}
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         ranked |= {"r_top_sums", "r_top_offset_sums", "r_top_per_grp"}  # towers
-        setops = {"r_except", "r_except_all"}  # r_intersect_all's % is Spark's
+        setops = {"r_intersect_all", "r_except", "r_except_all"}
         expected = (grouped | ranked | setops if driver else set()) | {"r_over_agg"}
         # With the driver's state rows off, a change reaching no state row at all (nothing
         # to read: r_sparse_global's empty filter) is still the driver's: it changes nothing.

@@ -58,6 +58,7 @@ VALUES: tuple[type[exp.Expression], ...] = (
     exp.Coalesce,
     exp.Nullif,
     exp.Div,
+    exp.Mod,
     exp.NullSafeEQ,
     exp.Like,
     exp.Extract,

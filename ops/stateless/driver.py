@@ -525,6 +525,8 @@ class Evaluator:
             return self._arithmetic(_ARITHMETIC[type(e)], e.this, e.expression, t)
         if isinstance(e, exp.Div):
             return self._divide(e.this, e.expression, t)
+        if isinstance(e, exp.Mod):
+            return self._remainder(e.this, e.expression, t)
         if isinstance(e, exp.Neg):
             return self._negate(e.this, t)
         if type(e) in _COMPARISONS:
@@ -704,6 +706,42 @@ class Evaluator:
         if _is_null(a):
             return pa.scalar(None, arrow_type(t))
         return self._pairwise(decimals.quotient, a, b, lt, rt, t)
+
+    def _remainder(self, left: exp.Expression, right: exp.Expression, t: T.DataType) -> Value:
+        """``left % right`` as Spark's ``Remainder``: exact, of the dividend's sign, of
+        integers in their type, of decimals at the larger scale (:func:`ops.decimals.remainder`);
+        a zero divisor of a non-NULL dividend raises EvaluationError (division by zero), as
+        Spark's ANSI mode does. Floating point is Spark's."""
+        lt, rt = self.type_of(left), self.type_of(right)
+        integral = type(t) in _INTEGRAL_DIGITS
+        if not (integral or isinstance(t, T.DecimalType)):
+            raise NotOnDriver(f"{t.simpleString()} remainder is computed by Spark")
+        b = self(right)
+        if _is_null(b) or isinstance(rt, T.NullType) or isinstance(lt, T.NullType):
+            return pa.scalar(None, arrow_type(t))
+        a = self(left)  # Spark evaluates the divisor first
+        if _is_null(a):
+            return pa.scalar(None, arrow_type(t))
+        if isinstance(t, T.DecimalType):
+            if t.scale != max(decimal_shape(lt)[1], decimal_shape(rt)[1]):
+                raise NotOnDriver(f"a remainder rounded to {t.simpleString()} is Spark's")
+            try:
+                return self._pairwise(decimals.remainder, a, b, lt, rt, t)
+            except ValueError as err:
+                raise NotOnDriver(str(err)) from err
+        n = self.table.num_rows
+        xs = _broadcast(_convert(a, lt, t), n).cast(pa.int64())
+        ys = _broadcast(_convert(b, rt, t), n).cast(pa.int64())
+        valid = np.asarray(pc.and_(pc.is_valid(xs), pc.is_valid(ys)))
+        x = np.asarray(xs.fill_null(0).to_numpy(zero_copy_only=False))
+        y = np.asarray(ys.fill_null(1).to_numpy(zero_copy_only=False))
+        zero = valid & (y == 0)
+        if zero.any():
+            raise EvaluationError("division by zero", detail=f"{x[zero][0]} % 0")
+        # fmod keeps the dividend's sign, as Java's %; x % -1 is 0 (even of the least x)
+        safe = np.where((y == 0) | (y == -1), 1, y)
+        r = np.where(y == -1, 0, np.fmod(x, safe))
+        return pa.array(r, pa.int64(), mask=~valid).cast(arrow_type(t))
 
     def _negate(self, operand: exp.Expression, t: T.DataType) -> Value:
         v, source = self(operand), self.type_of(operand)
