@@ -32,22 +32,27 @@ TEST_SPARK_CONF = {
 LONGEST_FIRST = (
     "test_reduce.py",
     "test_tpch.py",
-    "test_domains.py",
+    "test_faults.py",
+    "test_delta_sources.py",
+    "test_subquery_limits.py",
     "test_fuzz.py",
+    "test_domains.py",
     "test_subqueries.py",
     "test_outer_joins.py",
-    "test_constants.py",
-    "test_subquery_limits.py",
-    "test_sink.py",
-    "test_cluster.py",
-    "test_delta_sources.py",
-    "test_lifecycle.py",
-    "test_dagster.py",
-    "test_constant_joins.py",
+    "test_catalog.py",
+    "test_interop.py",
     "test_arrange.py",
+    "test_compact.py",
+    "test_lifecycle.py",
     "test_fuzz_regressions.py",
-    "test_faults.py",
+    "test_constants.py",
+    "test_constant_joins.py",
+    "test_dagster.py",
+    "test_verify.py",
+    "test_oracle.py",
     "test_exact_floats.py",
+    "test_cluster.py",
+    "test_sink.py",
 )
 """The test files that take longest (``--durations`` of a whole run), longest first: the
 workers (``./dev test``: a file at a time, in this order, ``--no-loadscope-reorder``) start
@@ -56,7 +61,7 @@ worker busy while the other has nothing left. (xdist's own order, most tests fir
 oracle tests of few test functions each for the end.)"""
 
 
-SLOW_SHARDS = 3
+SLOW_SHARDS = 6
 """A whole-suite run (``./dev test``, what CI runs) takes one in this many of the tests marked
 ``slow`` (the longest oracle runs, the second path of tests run over two: ``tests.marks``'s
 ``by_turns``, and the deployment checks), by turns: see :func:`slow_shard`."""
