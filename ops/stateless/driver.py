@@ -696,16 +696,26 @@ class Evaluator:
         rounded as ``java.math.BigDecimal`` with Spark's scales; a zero divisor of a non-NULL
         dividend raises EvaluationError (division by zero), as Spark's ANSI mode does.
         Floating-point division (of integers, of doubles) is Spark's."""
-        lt, rt = self.type_of(left), self.type_of(right)
         if not isinstance(t, T.DecimalType):
             raise NotOnDriver(f"{t.simpleString()} division is computed by Spark")
+        operands = self._divisor_first(left, right)
+        if operands is None:
+            return pa.scalar(None, arrow_type(t))
+        a, b = operands
+        return self._pairwise(decimals.quotient, a, b, self.type_of(left), self.type_of(right), t)
+
+    def _divisor_first(
+        self, left: exp.Expression, right: exp.Expression
+    ) -> tuple[Value, Value] | None:
+        """A division's or remainder's operands, the divisor evaluated first (as Spark
+        evaluates them, so a failing dividend is not reached past a NULL divisor); None when
+        either is a NULL of no type (the result is NULL)."""
+        lt, rt = self.type_of(left), self.type_of(right)
         b = self(right)
         if _is_null(b) or isinstance(rt, T.NullType) or isinstance(lt, T.NullType):
-            return pa.scalar(None, arrow_type(t))
-        a = self(left)  # Spark evaluates the divisor first
-        if _is_null(a):
-            return pa.scalar(None, arrow_type(t))
-        return self._pairwise(decimals.quotient, a, b, lt, rt, t)
+            return None
+        a = self(left)
+        return None if _is_null(a) else (a, b)
 
     def _remainder(self, left: exp.Expression, right: exp.Expression, t: T.DataType) -> Value:
         """``left % right`` as Spark's ``Remainder``: exact, of the dividend's sign, of
@@ -716,12 +726,10 @@ class Evaluator:
         integral = type(t) in _INTEGRAL_DIGITS
         if not (integral or isinstance(t, T.DecimalType)):
             raise NotOnDriver(f"{t.simpleString()} remainder is computed by Spark")
-        b = self(right)
-        if _is_null(b) or isinstance(rt, T.NullType) or isinstance(lt, T.NullType):
+        operands = self._divisor_first(left, right)
+        if operands is None:
             return pa.scalar(None, arrow_type(t))
-        a = self(left)  # Spark evaluates the divisor first
-        if _is_null(a):
-            return pa.scalar(None, arrow_type(t))
+        a, b = operands
         if isinstance(t, T.DecimalType):
             if t.scale != max(decimal_shape(lt)[1], decimal_shape(rt)[1]):
                 raise NotOnDriver(f"a remainder rounded to {t.simpleString()} is Spark's")
