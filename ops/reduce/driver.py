@@ -1,7 +1,9 @@
 """The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
-(:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers) and a
+(:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers), a
 TopK (:func:`topk_local`: buffered, :func:`ops.reduce.buffer.refresh_rows`, or kept by a tower
-over an aggregate), rendering the same plan
+over an aggregate), INTERSECT/EXCEPT [ALL] (:func:`setop_local`: per-row counts) and a Window
+(:func:`window_local`: its values by Spark's own window functions over the partitions the
+driver reads, :func:`ops.reduce.spark.window_values`), rendering the same plan
 (:mod:`ivm.plan.reduce`) as :mod:`ops.reduce.spark` renders on Spark, state read and written by the
 driver.
 
@@ -26,7 +28,9 @@ a build, more input updates than the policy's ``driver_state_rows``, a
 monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
 not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
-from its input.
+from its input; for a set operation or a Window, floating-point columns. A set operation's and
+a Window's change follow their Spark renderers' contracts (per-row counts; the touched
+partitions' rows with their values at old ``-1`` and at new ``+1``).
 """
 
 from __future__ import annotations
