@@ -555,10 +555,17 @@ def test_state_laid_out_by_another_planner_is_rebuilt(spark, make_project, tmp_p
     assert sorted(engine.read_view("best").column("v").to_pylist()) == [48, 49, 100]
 
 
-def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
+@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path, use_policy, driver):
+    """MIN/MAX and TopK over an append-only source keep no tower: the extremes are the old
+    ones combined with the insertions (NULLs among them), per group and without GROUP BY;
+    MIN/MAX by the driver for a small change (ops.reduce.driver._appended_extremes), or by
+    Spark alone; both equal to DuckDB after every batch."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
+    if not driver:
+        use_policy(ivm.policy.Policy.spark_only())
     path = str(tmp_path / "ticks")
     schema = pa.schema([("sym", pa.string()), ("px", pa.int64()), ("seq", pa.int64())])
     conf = {"delta.appendOnly": "true"}
@@ -573,6 +580,8 @@ def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
         {
             "hi_lo": "CREATE VIEW hi_lo AS SELECT sym, min(px) AS lo, max(seq) AS last FROM ticks "
             "GROUP BY sym",
+            "span": "CREATE VIEW span AS SELECT max(px) AS hi, min(sym) AS first_sym, "
+            "count(*) AS n FROM ticks",
             "top2": "CREATE VIEW top2 AS SELECT sym, px, seq FROM ticks ORDER BY px DESC, seq "
             "LIMIT 2",
         },
@@ -582,10 +591,18 @@ def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path):
     assert "monotonic input (append-only): no tower" in engine.explain("hi_lo")
     assert "monotonic input (append-only): no tower" in engine.explain("top2")
     assert engine.refresh().ok
-    for batch in ([("a", 3, 3), ("c", 9, 4)], [("b", 8, 5), ("a", 4, 6), ("c", 1, 7)]):
+    batches_ = (
+        [("a", 3, 3), ("c", 9, 4)],
+        [("b", 8, 5), ("a", 4, 6), ("c", 1, 7), ("d", None, 8)],
+        [("d", None, 9), ("b", 2, 10), (None, 12, 11)],
+    )
+    for batch in batches_:
         rows = [{"sym": s, "px": p, "seq": q} for s, p, q in batch]
         write_deltalake(path, pa.Table.from_pylist(rows, schema=schema), mode="append")
-        assert engine.refresh().ok
+        report = engine.refresh()
+        assert report.ok
+        by = {v.view: v.computed_by for v in report.views}
+        assert by["hi_lo"] == by["span"] == ("driver" if driver else "spark"), by
         check_all(engine)
     # One per-group table per column, no tower levels.
     state_dir = tmp_path / "project" / "lake" / "state" / "hi_lo"

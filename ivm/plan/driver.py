@@ -184,8 +184,6 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
             return None
         return "a TopK over an append-only input is computed by Spark"
     for b in branches(node):
-        if b.kind == "hierarchical" and b.levels == 0:
-            return "MIN/MAX of an append-only input is computed by Spark"
         if b.kind not in ("accumulable", "hierarchical"):
             return f"{b.kind} aggregates are computed by Spark"
         if b.distinct and b.kind != "accumulable":

@@ -1,5 +1,6 @@
 """The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
-(:func:`reduce_local`: accumulable branches, their DISTINCT forms and MIN/MAX towers), a
+(:func:`reduce_local`: accumulable branches, their DISTINCT forms, MIN/MAX towers and the
+extremes of an append-only input), a
 TopK (:func:`topk_local`: buffered, :func:`ops.reduce.buffer.refresh_rows`, or kept by a tower
 over an aggregate), INTERSECT/EXCEPT [ALL] (:func:`setop_local`: per-row counts) and a Window
 (:func:`window_local`: its values by Spark's own window functions over the partitions the
@@ -24,8 +25,8 @@ level's change, :func:`ops.reduce.climb.climb_rows`), and the result is the redu
 consolidated, with Spark's values and types.
 
 :class:`~ivm.errors.NotOnDriver`, raised before any state is written, hands the node to Spark:
-a build, more input updates than the policy's ``driver_state_rows``, a
-monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
+a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX of floating
+point over a monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
 not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
 from its input; for a set operation or a Window, floating-point columns. A set operation's and
@@ -495,6 +496,10 @@ def _tower(
     arg = branch.value or ""
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
     values = [f"_{f}" for f in funcs]
+    if branch.levels == 0:
+        if _floating(types[arg]):
+            raise NotOnDriver("MIN/MAX of floating point over an append-only input is Spark's")
+        return _appended_extremes(branch, rows, keys, probe, store)
     tkeys = [k for k in keys if k != GLOBAL_KEY]
     leaf = _leaf(rows, tkeys, [arg], types, branch.levels)
     if climb_rows(store, branch, tkeys, [arg], values, minmax_combine(funcs), leaf) is None:
@@ -515,6 +520,61 @@ def _tower(
                 found = dict(zip(values, row[len(tkeys) :], strict=True))
                 group = row[: len(tkeys)] if tkeys else (0,)
                 per_group[group] = [found[f"_{a.func}"] for a in branch.aggregates]
+        out.append(per_group)
+    return out[0], out[1]
+
+
+def _appended_extremes(
+    branch: Branch, rows: pa.Table, keys: list[str], probe: pa.Table, store: Any
+) -> tuple[dict[Group, list], dict[Group, list]]:
+    """MIN/MAX of an append-only input (no tower, as on Spark's path): each touched group's
+    extremes at old, read from the branch's one table, combined with the inserted values;
+    the table gets the change of the groups whose extremes moved. The branch's results per
+    touched group at old and at new (without GROUP BY, NULLs over no row)."""
+    if pc.any(pc.less(rows.column(DIFF), 0)).as_py():
+        raise InvariantViolation(
+            f"{branch.name}: an input declared append-only (delta.appendOnly) delivered "
+            "deletions; rebuild the view with `ivm refresh --rebuild`"
+        )
+    arg = branch.value or ""
+    funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
+    values = [f"_{f}" for f in funcs]
+    (top,) = branch.tables
+    stored = store.read_rows(top, keys, probe, store.old)
+    if stored is None:
+        raise NotOnDriver(f"{branch.name}: its extremes are Spark's to read")
+    width = len(keys)
+    old = {
+        row[:width]: row[width:]
+        for row, n in summed(stored.to_pylist(), [*keys, *values]).items()
+        if n > 0
+    }
+    inserted: dict[Group, list[Row]] = {}
+    groups = zip(*(rows.column(k).to_pylist() for k in keys), strict=True)
+    for group, x in zip(groups, rows.column(arg).to_pylist(), strict=True):
+        inserted.setdefault(group, []).append(tuple(x for _ in funcs))
+    combine = minmax_combine(funcs)
+    new = dict(old)
+    change = []
+    for group, children in inserted.items():
+        before = old.get(group)
+        found = list(combine([*children, *([before] if before else [])], [1], 2))[0]
+        if found == before:
+            continue
+        new[group] = found
+        for extremes, sign in ((found, 1), (before, -1)):
+            if extremes is not None:
+                row = dict(zip([*keys, *values], [*group, *extremes], strict=True))
+                change.append({**row, TIME: store.new, DIFF: sign})
+    store.write_rows(top, pa.Table.from_pylist(change, schema=stored.schema))
+    out = []
+    for held in (old, new):
+        per_group: dict[Group, list] = {}
+        if keys == [GLOBAL_KEY]:  # the one group: its row exists over no input row
+            per_group[(0,)] = [None] * len(branch.aggregates)
+        for group, extremes in held.items():
+            found = dict(zip(values, extremes, strict=True))
+            per_group[group] = [found[f"_{a.func}"] for a in branch.aggregates]
         out.append(per_group)
     return out[0], out[1]
 
