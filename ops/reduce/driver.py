@@ -29,7 +29,8 @@ a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX of 
 point over a monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
 floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
 not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
-from its input; for a set operation or a Window, floating-point columns. A set operation's and
+from its input (a TopK over an append-only input keeps its first rows, no tower); for a set
+operation or a Window, floating-point columns. A set operation's and
 a Window's change follow their Spark renderers' contracts (per-row counts; the touched
 partitions' rows with their values at old ``-1`` and at new ``+1``).
 """
@@ -582,9 +583,9 @@ def _appended_extremes(
 def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
     """A TopK's change computed by the driver from its input's updates ``delta``
     (``(columns..., _time, _diff)``): ``(columns..., [rank], _time, _diff)``; buffered
-    (:func:`ops.reduce.buffer.refresh_rows`) or by its tower (:func:`_topk_tower`).
-    NotOnDriver for a monotonic TopK, floating-point columns, a group to refill from the
-    input, or state the driver does not read."""
+    (:func:`ops.reduce.buffer.refresh_rows`), by its tower (:func:`_topk_tower`), or over an
+    append-only input (:func:`_topk_appended`). NotOnDriver for floating-point columns, a
+    group to refill from the input, or state the driver does not read."""
     why = node_support(node)
     if why is not None:
         raise InvariantViolation(f"{node.label} was placed on the driver, but {why}")
@@ -597,12 +598,71 @@ def topk_local(node: TopK, delta: pa.Table, store: Any) -> pa.Table:
     held = held.filter(pc.not_equal(held.column(DIFF), 0))
     if not exact_types(from_arrow_schema(held.schema)):
         raise NotOnDriver("a TopK over floating point is Spark's")
+    if branch.kind != "buffer" and branch.levels == 0:
+        return _topk_appended(node, branch, held, store)
     if branch.kind != "buffer":
         return _topk_tower(node, branch, held, store)
     updates = buffer.refresh_rows(node, branch, held, store)
     if updates is None:
         raise NotOnDriver("a TopK group to refill from its input")
     return updates
+
+
+def _topk_appended(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Table:
+    """A TopK over an append-only input (no tower, as on Spark's path): each touched group's
+    first ``limit + offset`` rows read at old, the insertions added, the first ones kept
+    (:func:`ops.reduce.buffer.first_rows`); the table gets their change, and the view the
+    change of the rows shown (numbered from the groups' first rows at old and new when it
+    has a rank or an offset)."""
+    if pc.any(pc.less(held.column(DIFF), 0)).as_py():
+        raise InvariantViolation(
+            f"{node.label}: an input declared append-only (delta.appendOnly) delivered "
+            "deletions; rebuild the view with `ivm refresh --rebuild`"
+        )
+    keys, data = list(node.partition), list(node.input.columns)
+    tkeys = keys or [GLOBAL_KEY]
+    cols = list(dict.fromkeys([*tkeys, *data]))
+    rank = buffer.ranking(node.order, data)
+    if not keys:
+        held = held.append_column(GLOBAL_KEY, pa.array([0] * held.num_rows, pa.int32()))
+    (top,) = branch.tables
+    stored = store.read_rows(top, tkeys, distinct_rows(held.select(tkeys)), store.old)
+    if stored is None:
+        raise NotOnDriver(f"{branch.name}: its first rows are Spark's to read")
+
+    def by_group(rows: list[dict]) -> dict[Row, Counter]:
+        out: dict[Row, Counter] = {}
+        for r in rows:
+            group = tuple(r[c] for c in tkeys)
+            out.setdefault(group, Counter())[tuple(r[c] for c in data)] += r[DIFF]
+        return out
+
+    old = {
+        g: Counter({r: n for r, n in c.items() if n > 0})
+        for g, c in by_group(stored.to_pylist()).items()
+    }
+    new = dict(old)
+    change = []
+    for group, inserted in by_group(held.to_pylist()).items():
+        before = old.get(group, Counter())
+        kept = buffer.first_rows(before + inserted, rank, node.limit + node.offset)
+        new[group] = kept
+        moved = kept.copy()
+        moved.subtract(before)
+        for row, n in moved.items():
+            if n:
+                values = {
+                    **dict(zip(tkeys, group, strict=True)),
+                    **dict(zip(data, row, strict=True)),
+                }
+                change.append({**{c: values[c] for c in cols}, TIME: store.new, DIFF: n})
+    store.write_rows(top, pa.Table.from_pylist(change, schema=stored.schema))
+    out_schema = to_arrow_schema(buffer.output_schema(node, from_arrow_schema(held.schema)))
+    if node.rank is None and node.offset == 0:
+        rows = [{**{c: r[c] for c in data}, TIME: r[TIME], DIFF: r[DIFF]} for r in change]
+    else:
+        rows = buffer.numbered(node, data, rank, old, new, store.new)
+    return pa.Table.from_pylist(rows, schema=out_schema)
 
 
 def _topk_tower(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa.Table:
