@@ -555,7 +555,7 @@ def test_state_laid_out_by_another_planner_is_rebuilt(spark, make_project, tmp_p
     assert sorted(engine.read_view("best").column("v").to_pylist()) == [48, 49, 100]
 
 
-@pytest.mark.parametrize("driver", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize("driver", [pytest.param(True, id="driver"), by_turns(False, id="spark")])
 def test_append_only_sources_skip_the_tower(spark, make_project, tmp_path, use_policy, driver):
     """MIN/MAX and TopK over an append-only source keep no tower: the extremes (the first
     rows) are the old ones combined with the insertions (NULLs among them), per group and

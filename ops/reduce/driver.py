@@ -791,8 +791,8 @@ def setop_local(node: SetOp, left: pa.Table | None, right: pa.Table | None, stor
     touched rows' counts read at old, and each row's multiplicity at new minus at old; the
     counts' change appended to the state table. ``left``/``right``: a side's updates, None for
     a side of rows written in the view (no update after its build). NotOnDriver, before
-    anything is written: floating-point columns, a type the table's does not hold exactly,
-    more updates than the driver's state rows, state the driver does not read."""
+    anything is written: floating-point or nested columns, a type the table's does not hold
+    exactly, more updates than the driver's state rows, state the driver does not read."""
     (table,) = branches(node)[0].tables
     if store.read_rows is None or store.write_rows is None or store.row_schema is None:
         raise NotOnDriver("the state is not the driver's to read")
@@ -810,6 +810,8 @@ def setop_local(node: SetOp, left: pa.Table | None, right: pa.Table | None, stor
         named = delta.select([*side.columns, DIFF]).rename_columns([*cols, DIFF])
         if not exact_types(from_arrow_schema(named.select(cols).schema)):
             raise NotOnDriver("a set operation over floating point is Spark's")
+        if any(pa.types.is_nested(f.type) for f in named.select(cols).schema):
+            raise NotOnDriver("a set operation over nested values is Spark's (Arrow groups none)")
         why = cast_loss(named.schema, target)
         if why is not None:
             raise NotOnDriver(f"a set operation's {why}")
