@@ -254,6 +254,20 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
             raise NotOnDriver(f"grouping by floating point ({', '.join(floating)}) is Spark's")
 
 
+def _with_global_key(table: pa.Table) -> pa.Table:
+    """``table`` keyed as Spark's path keys a node without keys: a constant ``_g`` of 0."""
+    return table.append_column(GLOBAL_KEY, pa.array([0] * table.num_rows, pa.int32()))
+
+
+def _check_appended(label: str, rows: pa.Table) -> None:
+    """An input declared append-only delivered only insertions (as Spark's path checks)."""
+    if pc.any(pc.less(rows.column(DIFF), 0)).as_py():
+        raise InvariantViolation(
+            f"{label}: an input declared append-only (delta.appendOnly) delivered "
+            "deletions; rebuild the view with `ivm refresh --rebuild`"
+        )
+
+
 def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
     """The reduce's change in ``(store.old, store.new]`` from its input's updates ``delta``
     (``(columns..., _time, _diff)``), its state read and written through ``store``
@@ -264,8 +278,7 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
         raise NotOnDriver("more updates than the driver's state rows")
     global_row = not node.keys
     if global_row:  # one group, keyed as Spark's path keys it (its row exists with no input row)
-        zero = pa.array([0] * delta.num_rows, pa.int32())
-        delta = delta.append_column(GLOBAL_KEY, zero)
+        delta = _with_global_key(delta)
     types = {f.name: f.dataType for f in from_arrow_schema(delta.schema).fields}
     _check(node, types)
     keys = list(node.keys) or [GLOBAL_KEY]
@@ -532,11 +545,7 @@ def _appended_extremes(
     extremes at old, read from the branch's one table, combined with the inserted values;
     the table gets the change of the groups whose extremes moved. The branch's results per
     touched group at old and at new (without GROUP BY, NULLs over no row)."""
-    if pc.any(pc.less(rows.column(DIFF), 0)).as_py():
-        raise InvariantViolation(
-            f"{branch.name}: an input declared append-only (delta.appendOnly) delivered "
-            "deletions; rebuild the view with `ivm refresh --rebuild`"
-        )
+    _check_appended(branch.name, rows)
     arg = branch.value or ""
     funcs = list(dict.fromkeys(a.func for a in branch.aggregates))
     values = [f"_{f}" for f in funcs]
@@ -614,17 +623,13 @@ def _topk_appended(node: TopK, branch: Branch, held: pa.Table, store: Any) -> pa
     (:func:`ops.reduce.buffer.first_rows`); the table gets their change, and the view the
     change of the rows shown (numbered from the groups' first rows at old and new when it
     has a rank or an offset)."""
-    if pc.any(pc.less(held.column(DIFF), 0)).as_py():
-        raise InvariantViolation(
-            f"{node.label}: an input declared append-only (delta.appendOnly) delivered "
-            "deletions; rebuild the view with `ivm refresh --rebuild`"
-        )
+    _check_appended(node.label, held)
     keys, data = list(node.partition), list(node.input.columns)
     tkeys = keys or [GLOBAL_KEY]
     cols = list(dict.fromkeys([*tkeys, *data]))
     rank = buffer.ranking(node.order, data)
     if not keys:
-        held = held.append_column(GLOBAL_KEY, pa.array([0] * held.num_rows, pa.int32()))
+        held = _with_global_key(held)
     (top,) = branch.tables
     stored = store.read_rows(top, tkeys, distinct_rows(held.select(tkeys)), store.old)
     if stored is None:
@@ -758,7 +763,7 @@ def window_local(node: Window, delta: pa.Table, store: Any) -> pa.Table:
     if not exact_types(from_arrow_schema(delta.select(data).schema)):
         raise NotOnDriver("a window over floating point is Spark's")
     if not node.keys:
-        delta = delta.append_column(GLOBAL_KEY, pa.array([0] * delta.num_rows, pa.int32()))
+        delta = _with_global_key(delta)
     change = consolidated_on(delta, cols)
     if change is None:
         raise NotOnDriver("a column Arrow does not group")
