@@ -188,7 +188,8 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         summary = lake.random_batch()
         report = engine.refresh()
         assert report.ok, (summary, [v.error for v in report.views])
-        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too) and MIN/MAX, with or
+        # GROUP BY with COUNT/SUM/AVG/VARIANCE/STDDEV (DISTINCT too), MIN/MAX and basic
+        # aggregates (their values by Spark's functions over the groups' rows), with or
         # without GROUP BY, TopKs (buffered, and towers over aggregates) and INTERSECT/EXCEPT
         # [ALL]: a small change is the driver's (ops.reduce.driver), unless the
         # driver's state rows are off; a TopK to refill from its input is Spark's
@@ -196,6 +197,7 @@ def test_reductions_match_duckdb(spark, make_project, tmp_path, driver, policy):
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
         grouped = {"r_acc", "r_grain", "r_minmax", "r_select_distinct", "r_union", "r_var"}
         grouped |= {"r_global_sums", "r_sparse_global", "r_global", "r_empty_global"}
+        grouped |= {"r_basic", "r_distinct_aggs"}  # STRING_AGG, PERCENTILE_DISC (DISTINCT)
         ranked = {"r_topk", "r_topk_group", "r_topk_offset", "r_topk_tight"}
         ranked |= {"r_top_sums", "r_top_offset_sums", "r_top_per_grp"}  # towers
         setops = {"r_intersect_all", "r_except", "r_except_all"}

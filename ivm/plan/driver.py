@@ -181,10 +181,10 @@ def _reduce_support(node: Reduce | TopK) -> str | None:
     if isinstance(node, TopK):  # buffered, a tower, or over an append-only input
         return None
     for b in branches(node):
-        if b.kind not in ("accumulable", "hierarchical"):
+        if b.kind not in ("accumulable", "hierarchical", "basic"):
             return f"{b.kind} aggregates are computed by Spark"
-        if b.distinct and b.kind != "accumulable":
-            return "DISTINCT outside COUNT/SUM/AVG is computed by Spark"
+        if b.distinct and b.kind == "hierarchical":
+            return "DISTINCT MIN/MAX is computed by Spark"
     return None
 
 
@@ -204,10 +204,10 @@ def node_support(node: Node) -> str | None:
 def driver_support(node: Node) -> str | None:
     """Why the driver's renderers cannot compute ``node``'s updates, or None: they render
     Get, Filter, Project, UnionAll, joins (outer, semi, anti and NOT IN too), GROUP BY with
-    COUNT/SUM/AVG/variance/BOOL and MIN/MAX, TopK (buffered, or a tower over an aggregate) and
-    windows (their values by Spark's functions over the rows the driver reads), over the
-    expressions of :data:`VALUES`. A None may still
-    meet a decline that depends on types or rows (the module's docstring)."""
+    COUNT/SUM/AVG/variance/BOOL, MIN/MAX and STRING_AGG/PERCENTILE, TopK (buffered, or a
+    tower over an aggregate) and windows (basic aggregates' and windows' values by Spark's
+    functions over the rows the driver reads), over the expressions of :data:`VALUES`. A
+    None may still meet a decline that depends on types or rows (the module's docstring)."""
     why = node_support(node)
     if why is not None or isinstance(node, (Join, SemiJoin)):  # their inputs are Gets: checked
         return why

@@ -1,6 +1,7 @@
 """The driver's renderer of a small change's stateful nodes, in Arrow and Python: a GROUP BY
-(:func:`reduce_local`: accumulable branches, their DISTINCT forms, MIN/MAX towers and the
-extremes of an append-only input), a
+(:func:`reduce_local`: accumulable branches, their DISTINCT forms, MIN/MAX towers, the
+extremes of an append-only input, and basic aggregates by Spark's own functions over the
+touched groups' rows the driver reads, :func:`ops.reduce.spark.basic_aggregated`), a
 TopK (:func:`topk_local`: buffered, :func:`ops.reduce.buffer.refresh_rows`, or kept by a tower
 over an aggregate), INTERSECT/EXCEPT [ALL] (:func:`setop_local`: per-row counts) and a Window
 (:func:`window_local`: its values by Spark's own window functions over the partitions the
@@ -26,9 +27,9 @@ consolidated, with Spark's values and types.
 
 :class:`~ivm.errors.NotOnDriver`, raised before any state is written, hands the node to Spark:
 a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX of floating
-point over a monotonic input (no tower), basic aggregates, a DISTINCT outside COUNT/SUM/AVG, grouping by
-floating point, a MIN/MAX over a type whose hash is not reproduced here, state the driver does
-not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
+point over a monotonic input (no tower), grouping by floating point (or a NaN among a basic
+aggregate's arguments), a MIN/MAX over a type whose hash is not reproduced here, state the
+driver does not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
 from its input (a TopK over an append-only input keeps its first rows, no tower); for a set
 operation or a Window, floating-point columns. A set operation's and
 a Window's change follow their Spark renderers' contracts (per-row counts; the touched
@@ -50,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
@@ -65,7 +67,7 @@ from ops.reduce import accumulable, buffer, floatsum
 from ops.reduce.accumulable import Group
 from ops.reduce.buffer import Row, summed
 from ops.reduce.climb import climb_rows, minmax_combine
-from ops.reduce.spark import window_values
+from ops.reduce.spark import basic_aggregated, window_values
 from ops.rows import cast_loss
 from ops.sink import exact_types
 from ops.stateless.driver import arrow_type, decimal_shape, normalized_floats
@@ -245,7 +247,7 @@ def _check(node: Reduce, types: dict[str, T.DataType]) -> None:
     for b in branches(node):
         if b.kind == "accumulable":
             _Accumulable(b.aggregates, types)
-        else:
+        elif b.kind != "basic":
             t = types[b.value or ""]
             if _hashed_bytes(t) is None:
                 raise NotOnDriver(f"MIN/MAX over {t.simpleString()}: Spark hashes its buckets")
@@ -289,11 +291,16 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
         probe = pa.table({GLOBAL_KEY: pa.array([0], pa.int32())})
     touched = [tuple(r[k] for k in keys) for r in probe.to_pylist()]
     found: list[tuple[dict[Group, list], dict[Group, list]]] = []
+    basic_types: dict[str, pa.DataType] = {}
     for branch in branches(node):
         if branch.kind == "accumulable":
             found.append(
                 _accumulable(branch, rows, delta.schema, types, keys, probe, store, global_row)
             )
+        elif branch.kind == "basic":
+            old, new, kinds = _basic(branch, rows, keys, probe, store, global_row)
+            found.append((old, new))
+            basic_types.update(kinds)
         else:
             found.append(_tower(branch, rows, types, keys, probe, store))
     change: Counter = Counter()
@@ -306,7 +313,7 @@ def reduce_local(node: Reduce, delta: pa.Table, store: Any) -> pa.Table:
     schema = pa.schema(
         [
             *key_schema,
-            *(pa.field(n, t) for n, t in _result_types(node, types).items()),
+            *(pa.field(n, t) for n, t in _result_types(node, types, basic_types).items()),
             pa.field(TIME, pa.int64()),
             pa.field(DIFF, pa.int64()),
         ]
@@ -324,12 +331,16 @@ def _result_names(node: Reduce) -> list[str]:
     return [a.name for b in branches(node) for a in b.aggregates]
 
 
-def _result_types(node: Reduce, types: dict[str, T.DataType]) -> dict[str, pa.DataType]:
+def _result_types(
+    node: Reduce, types: dict[str, T.DataType], basic: dict[str, pa.DataType]
+) -> dict[str, pa.DataType]:
     out: dict[str, pa.DataType] = {}
     for b in branches(node):
         if b.kind == "accumulable":
             acc = _Accumulable(b.aggregates, types)
             out.update({a.name: acc.result_type(a) for a in b.aggregates})
+        elif b.kind == "basic":  # Spark's types, as its functions gave them
+            out.update({a.name: basic[a.name] for a in b.aggregates})
         else:
             out.update({a.name: arrow_type(types[b.value or ""]) for a in b.aggregates})
     return out
@@ -440,6 +451,56 @@ def _float_state(
     )
     store.write_rows(table, update)
     return old, new
+
+
+def _basic(
+    branch: Branch,
+    rows: pa.Table,
+    keys: list[str],
+    probe: pa.Table,
+    store: Any,
+    global_row: bool,
+) -> tuple[dict[Group, list], dict[Group, list], dict[str, pa.DataType]]:
+    """A basic branch (STRING_AGG, PERCENTILE_CONT/DISC)'s results per touched group at old
+    and at new, and their types: the touched groups' rows of its table (its input's rows, or
+    a DISTINCT's ``(group, value)`` counts) read at old, the change added for new, the
+    aggregates computed by Spark's own functions over the two as local relations
+    (:func:`ops.reduce.spark.basic_aggregated`, one task, no shuffle); the change appended
+    to the table once they are known (``global_row``: the one group, NULLs with no row)."""
+    table = branch.tables[0]
+    if branch.distinct:
+        cols = [*keys, branch.value or ""]
+    else:
+        args = dict.fromkeys(c for a in branch.aggregates for c in sorted(a.reads))
+        cols = [*keys, *(c for c in args if c not in keys)]
+    change = consolidated_on(normalized_floats(rows.select([*cols, DIFF])), cols)
+    if change is None:
+        raise NotOnDriver("a column Arrow does not group")
+    before = store.read_rows(table, keys, probe, store.old)
+    if before is None:
+        raise NotOnDriver(f"{branch.name}: the touched groups' rows are Spark's to read")
+    stamp = pa.array([store.new] * change.num_rows, pa.int64())
+    stamped = change.append_column(TIME, stamp).select(before.schema.names).cast(before.schema)
+
+    def aggregated(state: pa.Table, sign: int) -> DataFrame:
+        net = consolidated_on(state, cols)
+        assert net is not None  # the columns grouped above
+        local = store.spark.createDataFrame(net, schema=from_arrow_schema(net.schema))
+        values = basic_aggregated(branch, keys, local.coalesce(1))
+        return values.withColumn(DIFF, F.lit(sign).cast("bigint"))
+
+    both = aggregated(before, -1).unionByName(aggregated(pa.concat_tables([before, stamped]), 1))
+    out_schema = to_arrow_schema(both.schema)
+    found = normalized_floats(both.toArrow().cast(out_schema))
+    store.write_rows(table, stamped)
+    names = [a.name for a in branch.aggregates]
+    at: tuple[dict[Group, list], dict[Group, list]] = ({}, {})
+    for r in found.to_pylist():
+        at[r[DIFF] > 0][tuple(r[k] for k in keys)] = [r[n] for n in names]
+    if global_row:  # the aggregates of no row
+        for state in at:
+            state.setdefault((0,), [None] * len(names))
+    return at[0], at[1], {n: out_schema.field(n).type for n in names}
 
 
 def _distinct_flips(

@@ -1208,21 +1208,27 @@ def _basic_values(
     data_cols = [c for c in rows.columns if c not in (TIME, DIFF)]
     out = []
     for at in (store.old, store.new):
-        state = consolidate(rows.where(_c(TIME) <= at), data_cols, by_time=False).where(
-            _c(DIFF) > 0
-        )
-        if branch.distinct:
-            state = state.withColumn(DIFF, F.lit(1).cast("bigint"))
-        # one row per copy: the aggregates see the multiset
-        copies = state.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
-        aggs = [F.expr(_basic_sql(a)).alias(a.name) for a in branch.aggregates]
-        result = copies.groupBy(*[_c(k) for k in keys]).agg(*aggs)
+        state = consolidate(rows.where(_c(TIME) <= at), data_cols, by_time=False)
+        result = basic_aggregated(branch, keys, state)
         if global_row:
             result = touched.join(result, on=keys, how="left")
             if at == 0:
                 result = result.where(F.lit(False))
         out.append(result)
     return out[0], out[1]
+
+
+def basic_aggregated(branch: Branch, keys: Sequence[str], state: DataFrame) -> DataFrame:
+    """A basic branch's aggregates per group ``(keys..., aggregates...)`` over ``state``, its
+    table's rows at a time summed per row ``(columns..., _diff)``: one row per copy, so the
+    aggregates see the multiset (a DISTINCT's counts: each value once). Both renderers
+    evaluate them here."""
+    held = state.where(_c(DIFF) > 0)
+    if branch.distinct:
+        held = held.withColumn(DIFF, F.lit(1).cast("bigint"))
+    copies = held.withColumn("_copy", F.explode(F.sequence(F.lit(1), _c(DIFF).cast("int"))))
+    aggs = [F.expr(_basic_sql(a)).alias(a.name) for a in branch.aggregates]
+    return copies.groupBy(*[_c(k) for k in keys]).agg(*aggs)
 
 
 def _basic_sql(a: Aggregate) -> str:
