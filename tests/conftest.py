@@ -61,10 +61,32 @@ worker busy while the other has nothing left. (xdist's own order, most tests fir
 oracle tests of few test functions each for the end.)"""
 
 
-SLOW_SHARDS = 6
+SLOW_SHARDS = 12
 """A whole-suite run (``./dev test``, what CI runs) takes one in this many of the tests marked
 ``slow`` (the longest oracle runs, the second path of tests run over two: ``tests.marks``'s
 ``by_turns``, and the deployment checks), by turns: see :func:`slow_shard`."""
+
+SLOW_SECONDS = {
+    "test_tpch.py::test_accepted_queries_stay_equal_to_the_oracles[part 1 of 3]": 290,
+    "test_tpch.py::test_accepted_queries_stay_equal_to_the_oracles[part 2 of 3]": 290,
+    "test_tpch.py::test_accepted_queries_stay_equal_to_the_oracles[part 3 of 3]": 290,
+    "test_domains.py::test_domain_views_match_both_oracles": 320,
+    "test_reduce.py::test_reductions_match_duckdb[by Spark]": 260,
+    "test_subquery_limits.py::test_subquery_limits_match_both_oracles": 230,
+    "test_catalog.py::test_views_are_registered_and_read_by_name_from_another_session": 180,
+    "test_subqueries.py::test_subquery_views_match_both_oracles[part 1 of 2]": 150,
+    "test_subqueries.py::test_subquery_views_match_both_oracles[part 2 of 2]": 150,
+    "test_outer_joins.py::test_outer_joins_of_more_inputs_match_both_oracles": 150,
+    "test_cluster.py::test_refreshes_on_a_standalone_cluster_match_duckdb": 130,
+    "test_delta_sources.py::test_views_over_deletion_vectors_and_column_mapping_stay_exact"
+    "[by Spark]": 110,
+    "test_classes.py::test_a_recorded_archive_is_complete_and_the_next_jvm_loads_classes_from_it": 95,
+}
+"""Seconds a ``slow`` test took in a whole run (``--durations``, rounded), for those over a
+minute and a half: :func:`slow_shards` deals the tests out by them, so that each shard takes
+about the same time (a test not named here counts :data:`SLOW_DEFAULT_SECONDS`)."""
+
+SLOW_DEFAULT_SECONDS = 60
 
 SLOW_ENV = "IVM_TEST_SLOW"
 """``all``: every ``slow`` test; ``none``: none; a number: that shard of them; unset: the
@@ -72,8 +94,8 @@ shard of the commit checked out."""
 
 
 def slow_shard(config: pytest.Config) -> int | None:
-    """Which shard of the ``slow`` tests this run takes (their place in nodeid order modulo
-    :data:`SLOW_SHARDS`), None for all of them, -1 for none.
+    """Which shard of the ``slow`` tests this run takes (:func:`slow_shards`), None for all
+    of them, -1 for none.
 
     All of them when the run names files or tests, or a ``-m`` expression: only a whole-suite
     run is bounded. Otherwise ``$IVM_TEST_SLOW``, else the checked-out commit's hash modulo
@@ -96,6 +118,23 @@ def slow_shard(config: pytest.Config) -> int | None:
     return int(head.stdout.strip() or "0", 16) % SLOW_SHARDS if head.returncode == 0 else 0
 
 
+def slow_shards(nodeids: list[str]) -> dict[str, int]:
+    """Each ``slow`` test's shard: the longest first (:data:`SLOW_SECONDS`), each to the
+    shard with the fewest seconds so far (the lowest of equals), so the shards take about the
+    same time and every xdist worker, given the same tests, deals them alike."""
+
+    def seconds(nodeid: str) -> float:
+        return SLOW_SECONDS.get(nodeid.split("/")[-1], SLOW_DEFAULT_SECONDS)
+
+    totals = [0.0] * SLOW_SHARDS
+    out: dict[str, int] = {}
+    for nodeid in sorted(nodeids, key=lambda n: (-seconds(n), n)):
+        shard = totals.index(min(totals))
+        totals[shard] += seconds(nodeid)
+        out[nodeid] = shard
+    return out
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     shard = slow_shard(config)
     if shard is None:
@@ -112,8 +151,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shard = slow_shard(config)
     if shard is None:
         return
-    slow = sorted(item.nodeid for item in items if item.get_closest_marker("slow"))
-    skipped = {nodeid for i, nodeid in enumerate(slow) if i % SLOW_SHARDS != shard}
+    dealt = slow_shards([item.nodeid for item in items if item.get_closest_marker("slow")])
+    skipped = {nodeid for nodeid, mine in dealt.items() if mine != shard}
     if skipped:
         config.hook.pytest_deselected(items=[i for i in items if i.nodeid in skipped])
         items[:] = [i for i in items if i.nodeid not in skipped]

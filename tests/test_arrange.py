@@ -40,6 +40,7 @@ from resources.lake import (
     table_files,
 )
 from tests.lakegen import parquet_writers
+from tests.marks import by_turns
 
 pytestmark = pytest.mark.spark
 
@@ -113,8 +114,11 @@ def no_file_cache(monkeypatch) -> FileCache:
 
 @pytest.mark.parametrize(
     ("n_keys", "pushed", "driver"),
-    [(7, True, False), (3_000, False, False), (3_000, False, True)],
-    ids=["pushed down", "read once by Spark", "read once by the driver"],
+    [
+        pytest.param(7, True, False, id="pushed down"),
+        by_turns(3_000, False, False, id="read once by Spark"),
+        pytest.param(3_000, False, True, id="read once by the driver"),
+    ],
 )
 def test_lookup_returns_the_state_of_exactly_the_keys_asked(
     spark, arrangement, n_keys: int, pushed: bool, driver: bool, policy

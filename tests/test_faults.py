@@ -46,7 +46,11 @@ SPARK += '"spark.sql.shuffle.partitions" = "1"\n'
         ("deletion_vectors = false", POINTS),
         # the table's deletions marked by the driver: killed after the feature was enabled,
         # and with the inserted rows staged (after its commit is table_committed, above)
-        ("deletion_vectors = true", ["vectors_enabled", "vectors_staged"]),
+        by_turns(
+            "deletion_vectors = true",
+            ["vectors_enabled", "vectors_staged"],
+            id="deletion vectors by the driver",
+        ),
         # by one delta-spark MERGE: killed before it (after it is table_committed, above)
         by_turns(
             "rewrite_copy_rows = 0\ndriver_rewrite_rows = 0",

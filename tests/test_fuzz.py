@@ -67,8 +67,8 @@ class FuzzSettings:
         return f"seed{self.seed}-{self.path}"
 
     def param(self, default: bool) -> object:
-        """The pytest parameter: ``slow`` for a default seed but the last."""
-        slow = default and self.seed != DEFAULT_SEEDS[-1]
+        """The pytest parameter: ``slow`` for a default seed but the last's driver path."""
+        slow = default and (self.seed != DEFAULT_SEEDS[-1] or self.path == "spark")
         return pytest.param(self, id=str(self), marks=[pytest.mark.slow] if slow else [])
 
 

@@ -14,6 +14,7 @@ from engine.oracle import compare_views, log_multiset, table_multiset
 from ivm.policy import Policy
 from resources.lake import local_path, table_files
 from tests.lakegen import RandomLake
+from tests.marks import by_turns
 
 pytestmark = pytest.mark.spark
 
@@ -86,11 +87,10 @@ def built_random_lake(
 
 @pytest.mark.parametrize(
     ("seed", "mode"),
-    [(7, "driver"), (2024, "spark"), (31, "vectors")],
-    ids=[
-        "small changes written by the driver",
-        "every file written by Spark",
-        "deletions as deletion vectors",
+    [
+        pytest.param(7, "driver", id="small changes written by the driver"),
+        by_turns(2024, "spark", id="every file written by Spark"),
+        pytest.param(31, "vectors", id="deletions as deletion vectors"),
     ],
 )
 def test_random_batches_match_duckdb(spark, make_project, tmp_path, use_policy, seed, mode):

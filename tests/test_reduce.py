@@ -283,7 +283,9 @@ def test_aggregates_over_joins_match_duckdb(spark, make_project, tmp_path, polic
     assert refilled == {"top_lines"}, messages
 
 
-@pytest.mark.parametrize("by_driver", [False, True], ids=["spark", "driver"])
+@pytest.mark.parametrize(
+    "by_driver", [by_turns(False, id="spark"), pytest.param(True, id="driver")]
+)
 def test_deleting_the_minimum_reexamines_few_entries(
     spark, make_project, tmp_path, monkeypatch, policy, by_driver
 ):
@@ -898,7 +900,9 @@ def test_avg_of_a_decimal_is_sparks_on_both_renderers(spark):
     assert in_workers == {(38, 18), (38, 6), (25, 3), (12, 1), (10, 0)}
 
 
-@pytest.mark.parametrize("spark_only", [False, True], ids=["driver", "spark"])
+@pytest.mark.parametrize(
+    "spark_only", [pytest.param(False, id="driver"), by_turns(True, id="spark")]
+)
 def test_avg_of_a_wide_decimal_keeps_its_digits_after_a_change(
     spark, make_project, tmp_path, spark_only
 ):

@@ -142,7 +142,7 @@ def _check(engine: Engine, epoch: int, *, spark: bool) -> None:
         assert c.equal, f"epoch {epoch}: {c.describe()}"
 
 
-PARTS = 2
+PARTS = 3
 """The maintained queries are checked in this many parts (every ``PARTS``-th query in order,
 each over a lake of its own), each a ``slow`` test: a whole-suite run takes one part, by turns
 (``tests/conftest.py``'s ``slow_shard``)."""
