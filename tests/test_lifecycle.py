@@ -697,8 +697,8 @@ def test_each_views_spark_jobs_run_in_a_group_of_their_own(spark, make_project, 
     views = {
         **VIEWS,
         "pairs": "CREATE VIEW pairs AS SELECT a.k, b.v FROM src a JOIN src b ON a.grp = b.grp",
-        "sums": "CREATE VIEW sums AS SELECT grp, sum(v) AS s, max(v) AS top, "
-        "median(v) AS mid FROM src GROUP BY grp",  # a median: Spark's (ops.reduce.driver)
+        "sums": "CREATE VIEW sums AS SELECT reverse(grp) AS g, sum(v) AS s, max(v) AS top, "
+        "median(v) AS mid FROM src GROUP BY reverse(grp)",  # reverse(): Spark's (ivm.plan.driver)
     }
     root = make_project(views, {"src": src})
     base = Engine(root, spark=spark).project
