@@ -84,6 +84,8 @@ EVALUATED = [
     "id % price",
     "CASE WHEN qty <> 0 THEN price % qty END",
     "EXTRACT(MONTH FROM day) * 100 + EXTRACT(DAY FROM day)",
+    "year(day) * 10000 + month(day) * 100 + day(day)",
+    "dayofmonth(day) = EXTRACT(DAY FROM day)",
     # an expression of no column holding what the driver does not compute: Spark's value
     "day < DATE '1995-01-31' + INTERVAL '1' MONTH",  # February's last day: Spark's clamping
     "day >= DATE '1998-12-01' - INTERVAL '90' DAY",
@@ -103,6 +105,8 @@ LEFT_TO_SPARK = [
     "name LIKE 'a!%' ESCAPE '!'",
     "CASE WHEN flag THEN make_date(2024, 13, 1) END",  # Spark's plan decides whether it fails
     "EXTRACT(HOUR FROM day)",
+    "year(seg)",  # of a string: Spark's reading of it as a date
+    "month(to_date(seg))",
 ]
 
 

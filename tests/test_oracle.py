@@ -110,7 +110,7 @@ def test_random_batches_match_duckdb(spark, make_project, tmp_path, use_policy, 
         assert engine.latest_epoch() == round_ + 2
         assert {v.epoch for v in report.views} == {round_ + 2}
         # The driver computes the small changes of the views whose expressions it evaluates
-        # as Spark does (ops.stateless.driver), % among them; year() is left to Spark.
+        # as Spark does (ops.stateless.driver), % among them; date_add() is left to Spark.
         by_driver = {v.view for v in report.views if v.computed_by == "driver"}
         if driver_writes:
             assert by_driver >= {"v_filter", "v_case", "v_over_view", "v_dups", "v_cte"}, by_driver

@@ -58,6 +58,7 @@ def test_placement_is_decided_from_the_change_and_the_plan() -> None:
         ("SELECT substr(grp, v) AS s FROM src", "substr with a computed start"),
         ("SELECT substr(grp, -2) AS s FROM src", "substr from the end"),
         ("SELECT sqrt(v) AS r FROM src", "Sqrt is computed by Spark"),
+        ("SELECT year(to_date(grp)) AS y FROM src", "TO_DATE is computed by Spark"),
         ("SELECT k, reverse(grp) AS r FROM src", "Reverse is computed by Spark"),
         ("SELECT a.k FROM src a JOIN src b ON a.k = b.v WHERE sqrt(b.v) > 1", "Sqrt"),
     ],
@@ -86,6 +87,7 @@ def test_what_the_driver_never_computes_is_placed_on_spark_before_the_refresh(
         "SELECT sum(v) AS s, count(*) AS n, avg(DISTINCT v) AS a FROM src",
         "SELECT grp, string_agg(grp, ',') AS s, listagg(DISTINCT k, '|') AS d, "
         "percentile_disc(0.5) WITHIN GROUP (ORDER BY k) AS p FROM src GROUP BY grp",
+        "SELECT k, year(v) AS y, month(v) AS m FROM src WHERE day(v) > 3",
         "SELECT k FROM src WHERE grp LIKE 'a\\_%' AND EXTRACT(YEAR FROM v) = 1994 "
         "AND v < DATE '1994-01-01' + INTERVAL '1' YEAR",
         "SELECT a.k FROM src a JOIN src b ON a.grp <=> b.grp",

@@ -35,6 +35,9 @@ from ivm.plan.reduce import branches
 
 COMPARISONS = (exp.EQ, exp.NEQ, exp.LT, exp.LTE, exp.GT, exp.GTE)
 ARITHMETIC = (exp.Add, exp.Sub, exp.Mul)
+DATE_FUNCTIONS = {exp.Year: "year", exp.Month: "month", exp.Day: "day", exp.DayOfMonth: "day"}
+"""``YEAR(d)``, ``MONTH(d)``, ``DAY(d)``, ``DAYOFMONTH(d)`` of a DATE (Arrow's function for
+each); sqlglot reads their argument as ``TsOrDsToDate(d)``, which Spark's SQL leaves out."""
 
 VALUES: tuple[type[exp.Expression], ...] = (
     exp.Column,
@@ -62,6 +65,7 @@ VALUES: tuple[type[exp.Expression], ...] = (
     exp.NullSafeEQ,
     exp.Like,
     exp.Extract,
+    *DATE_FUNCTIONS,
     *COMPARISONS,
     *ARITHMETIC,
 )
@@ -78,6 +82,7 @@ STRUCTURE: tuple[type[exp.Expression], ...] = (
     exp.DataType,
     exp.DataTypeParam,
     exp.Var,  # EXTRACT's field
+    exp.TsOrDsToDate,  # the argument of YEAR(d) and the like, as sqlglot reads it
 )
 """Parts of expressions that are not values of their own (``If`` is also CASE's branch)."""
 
@@ -124,6 +129,10 @@ def _node_support(node: exp.Expression) -> str | None:
             return f"EXTRACT({node.this.sql(dialect='spark')} FROM ...) is computed by Spark"
     if isinstance(node, exp.Var) and not isinstance(node.parent, exp.Extract):
         return f"{node.name} is computed by Spark"
+    if isinstance(node, exp.TsOrDsToDate) and (
+        type(node.parent) not in DATE_FUNCTIONS or node.args.get("format") is not None
+    ):
+        return "TO_DATE is computed by Spark"
     return None
 
 

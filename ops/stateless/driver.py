@@ -60,6 +60,7 @@ from ivm.errors import EvaluationError, NotOnDriver
 from ivm.plan.driver import (
     ARITHMETIC,
     COMPARISONS,
+    DATE_FUNCTIONS,
     DATE_PARTS,
     VALUES,
     expression_support,
@@ -593,13 +594,22 @@ class Evaluator:
             matched = pc.match_like(v, e.expression.this)
             return pc.invert(matched) if e.args.get("negate") else matched  # NOT LIKE
         if isinstance(e, exp.Extract):  # of a DATE: YEAR, MONTH or DAY (DATE_PARTS)
-            if not isinstance(self.type_of(e.expression), T.DateType):
-                raise NotOnDriver("EXTRACT from a non-date is computed by Spark")
-            v = self(e.expression)
-            if _is_null(v):
-                return pa.scalar(None, arrow_type(t))
-            return getattr(pc, DATE_PARTS[e.this.name.upper()])(v).cast(arrow_type(t))
+            return self._date_part(e.expression, DATE_PARTS[e.this.name.upper()], t)
+        if type(e) in DATE_FUNCTIONS:  # YEAR(d) and the like: TsOrDsToDate(d) as sqlglot reads it
+            inner = e.this.this if isinstance(e.this, exp.TsOrDsToDate) else e.this
+            if isinstance(inner, exp.TsOrDsToDate):  # of TO_DATE(s)
+                raise NotOnDriver("TO_DATE is computed by Spark")
+            return self._date_part(inner, DATE_FUNCTIONS[type(e)], t)
         raise NotOnDriver(f"{type(e).__name__} is computed by Spark")
+
+    def _date_part(self, e: exp.Expression, part: str, t: T.DataType) -> Value:
+        """A field of the DATE ``e`` (Arrow's ``part`` function), in Spark's type ``t``."""
+        if not isinstance(self.type_of(e), T.DateType):
+            raise NotOnDriver("a date's field of a non-date is computed by Spark")
+        v = self(e)
+        if _is_null(v):
+            return pa.scalar(None, arrow_type(t))
+        return getattr(pc, part)(v).cast(arrow_type(t))
 
     # -- leaves ------------------------------------------------------------------------------
 
