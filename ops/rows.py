@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -283,11 +284,15 @@ def lossless(source: pa.DataType, target: pa.DataType) -> bool:
 
 
 def in_range(table: pa.Table, target: pa.Schema) -> pa.Table:
-    """``table`` without the rows whose integer in a column of ``target`` (matched by name)
-    lies past that column's narrower integer type, those columns cast to it: a key that
-    cannot be stored there matches no stored key. NULLs are kept."""
+    """``table`` without the rows whose integer (decimal) in a column of ``target`` (matched
+    by name) lies past that column's narrower integer type (does not fit its decimal type
+    exactly: more fractional digits than its scale, or more integral digits), those columns
+    cast to it: a key that cannot be stored there matches no stored key. NULLs are kept."""
     for field in target:
         source = table.schema.field(field.name).type
+        if pa.types.is_decimal(source) and pa.types.is_decimal(field.type):
+            table = _decimals_in_range(table, field)
+            continue
         if not (pa.types.is_integer(source) and pa.types.is_integer(field.type)):
             continue
         if _integer_fits(source, field.type):
@@ -303,6 +308,26 @@ def in_range(table: pa.Table, target: pa.Schema) -> pa.Table:
         index = table.schema.get_field_index(field.name)
         table = table.set_column(index, field.name, table.column(field.name).cast(field.type))
     return table
+
+
+def _decimals_in_range(table: pa.Table, field: pa.Field) -> pa.Table:
+    """:func:`in_range` of one decimal column: the values ``field``'s decimal holds exactly,
+    cast to it."""
+    source, target = table.schema.field(field.name).type, field.type
+    if lossless(source, target):
+        return table
+    column = table.column(field.name)
+    inside = pa.array([True] * table.num_rows)
+    if source.scale > target.scale:  # no fractional digit past the target's scale
+        rounded = pc.round(column, ndigits=target.scale, round_mode="towards_zero")
+        inside = pc.and_(inside, pc.equal(rounded, column))
+    digits = target.precision - target.scale
+    if source.precision - source.scale > digits:  # |v| < 10 ** digits
+        bound = pa.scalar(Decimal(10) ** digits, source)
+        inside = pc.and_(inside, pc.less(pc.abs(column), bound))
+    table = table.filter(pc.fill_null(inside, True))
+    index = table.schema.get_field_index(field.name)
+    return table.set_column(index, field.name, table.column(field.name).cast(target))
 
 
 def _integer_fits(source: pa.DataType, target: pa.DataType) -> bool:

@@ -165,3 +165,36 @@ def test_keys_past_a_narrower_integer_are_dropped_and_the_rest_cast(source, targ
     assert kept.column("n").to_pylist() == [
         i for i, v in enumerate(values) if v is None or lo <= v <= hi
     ]
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        (pa.decimal128(15, 2), pa.decimal128(4, 1)),
+        (pa.decimal128(38, 10), pa.decimal128(12, 2)),
+        (pa.decimal128(20, 0), pa.decimal128(9, 0)),
+    ],
+)
+def test_keys_past_a_narrower_decimal_are_dropped_and_the_rest_cast(source, target) -> None:
+    """A lookup's keys of a wider decimal type than the arrangement's: those it cannot hold
+    exactly (digits past its scale, or more integral digits) match nothing and are dropped,
+    the others cast exactly, NULLs kept."""
+    from decimal import Decimal
+
+    ulp = Decimal(1).scaleb(-source.scale)
+    top = Decimal(10) ** (target.precision - target.scale)
+    step = Decimal(1).scaleb(-target.scale)
+    candidates = [Decimal(0), Decimal("1.5"), Decimal("-7"), top - step, -(top - step), top]
+    candidates += [-top, Decimal("1.5") + ulp, Decimal("3") - ulp, None]
+    limit = Decimal(10) ** (source.precision - source.scale)
+    values = [v for v in candidates if v is None or (abs(v) < limit and v == v.quantize(ulp))]
+
+    def fits(v: Decimal | None) -> bool:
+        return v is None or (abs(v) < top and v == v.quantize(step))
+
+    table = pa.table({"k": pa.array(values, source), "n": list(range(len(values)))})
+    kept = rows.in_range(table, pa.schema([("k", target)]))
+    assert kept.schema.field("k").type == target
+    assert kept.column("k").to_pylist() == [v for v in values if fits(v)]
+    assert kept.column("n").to_pylist() == [i for i, v in enumerate(values) if fits(v)]
+    assert any(not fits(v) for v in values) and sum(map(fits, values)) >= 4
