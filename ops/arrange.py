@@ -763,7 +763,7 @@ def lookup_arrow(
     st = LookupStats(lookups=1, files_total=len(files))
     st.rows_total = sum(f.file.num_records or 0 for f in files)
     why = cast_loss(keys.schema, schema_of(types, key))
-    if why is not None:  # integers past the key's type match nothing: the others fit it
+    if why is not None:  # integers or decimals past the key's type match nothing: the rest fit it
         keys = in_range(keys, schema_of(types, key))
         why = cast_loss(keys.schema, schema_of(types, key))
     if why is not None:  # Spark compares keys of two types in a wider one
