@@ -29,9 +29,9 @@ consolidated, with Spark's values and types.
 a build, more input updates than the policy's ``driver_state_rows``, MIN/MAX of floating
 point over a monotonic input (no tower), grouping by floating point (or a NaN among a basic
 aggregate's arguments), a MIN/MAX over a type whose hash is not reproduced here, state the
-driver does not read, a value past its type; for a TopK, a monotonic input (no tower) or a group to refill
-from its input (a TopK over an append-only input keeps its first rows, no tower); for a set
-operation or a Window, floating-point columns. A set operation's and
+driver does not read, a value past its type; for a TopK, a monotonic input (no tower) or a
+group to refill from its input (a TopK over an append-only input keeps its first rows, no
+tower); for a set operation or a Window, floating-point columns. A set operation's and
 a Window's change follow their Spark renderers' contracts (per-row counts; the touched
 partitions' rows with their values at old ``-1`` and at new ``+1``).
 """
