@@ -58,7 +58,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from ivm.errors import InvariantViolation, NotOnDriver
 from ivm.plan.driver import node_support
 from ivm.plan.ir import Aggregate, Reduce, SetOp, TopK, Window
-from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, SUMMED, Branch, branches
+from ivm.plan.reduce import FANOUT_BITS, GLOBAL_KEY, SUMMED, Branch, StateTable, branches
 from ivm.policy import current
 from ops import DIFF, TIME
 from ops.arrange import distinct_rows
@@ -476,20 +476,14 @@ def _basic(
     change = consolidated_on(normalized_floats(rows.select([*cols, DIFF])), cols)
     if change is None:
         raise NotOnDriver("a column Arrow does not group")
-    before = store.read_rows(table, keys, probe, store.old)
-    if before is None:
-        raise NotOnDriver(f"{branch.name}: the touched groups' rows are Spark's to read")
-    stamp = pa.array([store.new] * change.num_rows, pa.int64())
-    stamped = change.append_column(TIME, stamp).select(before.schema.names).cast(before.schema)
+    what = f"{branch.name}: the touched groups' rows"
+    stamped, old, new = _local_states(store, table, keys, probe, change, cols, what)
 
-    def aggregated(state: pa.Table, sign: int) -> DataFrame:
-        net = consolidated_on(state, cols)
-        assert net is not None  # the columns grouped above
-        local = store.spark.createDataFrame(net, schema=from_arrow_schema(net.schema))
-        values = basic_aggregated(branch, keys, local.coalesce(1))
+    def aggregated(state: DataFrame, sign: int) -> DataFrame:
+        values = basic_aggregated(branch, keys, state)
         return values.withColumn(DIFF, F.lit(sign).cast("bigint"))
 
-    both = aggregated(before, -1).unionByName(aggregated(pa.concat_tables([before, stamped]), 1))
+    both = aggregated(old, -1).unionByName(aggregated(new, 1))
     out_schema = to_arrow_schema(both.schema)
     found = normalized_floats(both.toArrow().cast(out_schema))
     store.write_rows(table, stamped)
@@ -501,6 +495,34 @@ def _basic(
         for state in at:
             state.setdefault((0,), [None] * len(names))
     return at[0], at[1], {n: out_schema.field(n).type for n in names}
+
+
+def _local_states(
+    store: Any,
+    table: StateTable,
+    keys: list[str],
+    probe: pa.Table,
+    change: pa.Table,
+    cols: list[str],
+    what: str,
+) -> tuple[pa.Table, DataFrame, DataFrame]:
+    """The rows of ``table`` whose ``keys`` are a row of ``probe``, read by the driver at old,
+    and with ``change`` (``(cols..., _diff)``) added at new, each summed per ``cols`` into a
+    local relation of one partition (Spark's aggregates and windows over it need no
+    shuffle); and ``change`` as the table's rows at new, to append once they are valued.
+    NotOnDriver when the rows (``what``) are too many for the driver."""
+    before = store.read_rows(table, keys, probe, store.old)
+    if before is None:
+        raise NotOnDriver(f"{what} are Spark's to read")
+    stamp = pa.array([store.new] * change.num_rows, pa.int64())
+    stamped = change.append_column(TIME, stamp).select(before.schema.names).cast(before.schema)
+
+    def local(rows: pa.Table) -> DataFrame:
+        net = consolidated_on(rows, cols)
+        assert net is not None  # the columns the change was grouped by
+        return store.spark.createDataFrame(net, schema=from_arrow_schema(net.schema)).coalesce(1)
+
+    return stamped, local(before), local(pa.concat_tables([before, stamped]))
 
 
 def _distinct_flips(
@@ -828,19 +850,10 @@ def window_local(node: Window, delta: pa.Table, store: Any) -> pa.Table:
     change = consolidated_on(delta, cols)
     if change is None:
         raise NotOnDriver("a column Arrow does not group")
-    before = store.read_rows(table, keys, distinct_rows(change.select(keys)), store.old)
-    if before is None:
-        raise NotOnDriver(f"{table.name}: the touched partitions are Spark's to read")
-    stamp = pa.array([store.new] * change.num_rows, pa.int64())
-    stamped = change.append_column(TIME, stamp).select(before.schema.names).cast(before.schema)
-
-    def local(rows: pa.Table) -> DataFrame:
-        net = consolidated_on(rows, cols)
-        assert net is not None  # the columns grouped above
-        return store.spark.createDataFrame(net, schema=from_arrow_schema(net.schema)).coalesce(1)
-
-    states = [(local(before), -1), (local(pa.concat_tables([before, stamped])), 1)]
-    values = window_values(node, states)
+    probe = distinct_rows(change.select(keys))
+    what = f"{table.name}: the touched partitions"
+    stamped, old, new = _local_states(store, table, keys, probe, change, cols, what)
+    values = window_values(node, [(old, -1), (new, 1)])
     out_schema = to_arrow_schema(values.schema)
     found = normalized_floats(values.toArrow().cast(out_schema)) if change.num_rows else None
     net = consolidated_on(found, node.columns) if found is not None else None
